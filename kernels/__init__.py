@@ -1,0 +1,24 @@
+"""Triton kernels of lamina, imported as ``lamina.kernels``.
+
+Only ``@triton.jit`` kernels and thin launchers live here (tensors in, tensors
+out). Importing this package imports triton; when ``TRITON_INTERPRET=1`` is set
+the interpreter fixes of ``_interpreter`` are applied first.
+"""
+
+from lamina.kernels._utils import INTERPRET
+
+if INTERPRET:
+    from lamina.kernels import _interpreter
+
+    _interpreter.apply_fixes()
+
+# Every module that registers kernels with the static report (``lamina info --kernels``).
+KERNEL_MODULES = (
+    "lamina.kernels.delta_chunk_fwd",
+    "lamina.kernels.delta_chunk_bwd",
+    "lamina.kernels.prism_attn_fwd",
+    "lamina.kernels.prism_attn_bwd",
+    "lamina.kernels.hrm_update",
+)
+
+__all__ = ["INTERPRET", "KERNEL_MODULES"]

@@ -1,0 +1,86 @@
+"""Shared helpers for lamina's Triton kernels: interpreter mode, autotuning, the AOT registry."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import triton
+
+# Read once, before any kernel is decorated: ``@triton.jit`` picks the interpreter at decoration time.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def autotune(
+    configs: Sequence[triton.Config],
+    key: list[str],
+    interpret_config: triton.Config | None = None,
+    **kwargs: Any,
+) -> Callable:
+    """``triton.autotune`` that keeps one config under the interpreter.
+
+    The interpreter cannot benchmark (more than one config fails with
+    "0 active drivers"), so it runs ``interpret_config`` (default: the first).
+    Keys must name dims and dtypes only, never T or the number of sequences,
+    so a varlen batch does not retune.
+    """
+    if INTERPRET:
+        configs = [interpret_config or configs[0]]
+    return triton.autotune(configs=list(configs), key=key, **kwargs)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# Grid axes y and z are limited to 65535 on CUDA (fla #1077): keep large counts on axis 0.
+MAX_GRID_YZ = 65535
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """One kernel configuration compiled ahead of time by ``lamina info --kernels``.
+
+    ``signature`` maps every argument to a Triton type string (``"*bf16"``, ``"i32"``,
+    ``"fp32"``) or ``"constexpr"``; ``constexprs`` gives the constexpr values.
+    ``uses_dot`` says whether the kernel does a matrix product (HGMMA expected on sm_90).
+    """
+
+    name: str
+    config: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    uses_dot: bool = True
+    default: bool = True
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: list[AotSpec] = []
+
+
+def register_aot(spec: AotSpec) -> AotSpec:
+    """Add a kernel configuration to the static report."""
+    _REGISTRY.append(spec)
+    return spec
+
+
+def registered_aot() -> list[AotSpec]:
+    return list(_REGISTRY)
+
+
+def raw_jit(fn: Any) -> Any:
+    """The JITFunction under autotune/heuristics wrappers."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    while isinstance(fn, (Autotuner, Heuristics)):
+        fn = fn.fn
+    return fn

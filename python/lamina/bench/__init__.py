@@ -1,0 +1,1 @@
+"""Benchmark harness behind `lamina bench`."""

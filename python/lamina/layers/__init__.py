@@ -1,0 +1,34 @@
+"""nn.Modules built on lamina's ops. Modules never launch kernels themselves.
+
+Loaded lazily so that importing one layer does not import every kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "DeltaRuleAttention": "lamina.layers.delta_rule",
+    "PrismAttention": "lamina.layers.prism",
+    "PrismBlock": "lamina.layers.prism",
+    "PrismDecoder": "lamina.layers.prism",
+    "PrismDecoderConfig": "lamina.layers.prism",
+    "HRMGatedUpdate": "lamina.layers.hrm",
+    "HRMCore": "lamina.layers.hrm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lamina.layers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,76 @@
+"""Build script for lamina.
+
+The pure-Python package (``python/lamina``) and the Triton kernels (``kernels/``,
+imported as ``lamina.kernels``) need no compilation. The C++/CUDA extension
+``lamina._C`` is built only when asked for:
+
+* ``LAMINA_BUILD_CUDA=1``: CUDA kernels plus the CPU kernels (needs nvcc and a CUDA build of torch);
+* ``LAMINA_BUILD_CPU=1``: the CPU C++ kernels only.
+
+torch is imported only in those two cases, so a plain ``pip install -e .`` works on
+any machine, with or without a GPU.
+"""
+
+import glob
+import os
+
+from setuptools import setup
+
+BUILD_CUDA = os.environ.get("LAMINA_BUILD_CUDA", "0") == "1"
+BUILD_CPU = os.environ.get("LAMINA_BUILD_CPU", "0") == "1"
+
+
+def extension_modules():
+    if not (BUILD_CUDA or BUILD_CPU):
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+    cpp_sources = sorted(glob.glob("csrc/*.cpp"))
+    cxx_flags = ["-O3", "-std=c++17"]
+    if BUILD_CUDA:
+        cu_sources = sorted(glob.glob("csrc/*.cu"))
+        ext = CUDAExtension(
+            "lamina._C",
+            cpp_sources + cu_sources,
+            define_macros=[("LAMINA_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+        )
+    else:
+        ext = CppExtension("lamina._C", cpp_sources, extra_compile_args=cxx_flags)
+    return [ext], {"build_ext": BuildExtension}
+
+
+ext_modules, cmdclass = extension_modules()
+
+setup(
+    name="lamina",
+    version="0.1.0",
+    description="Triton and CUDA kernels for delta-rule recurrences, Prism attention and HRM-LM",
+    python_requires=">=3.10",
+    package_dir={"lamina": "python/lamina", "lamina.kernels": "kernels"},
+    packages=[
+        "lamina",
+        "lamina.kernels",
+        "lamina.ops",
+        "lamina.layers",
+        "lamina.reference",
+        "lamina.models",
+        "lamina.bench",
+    ],
+    install_requires=["torch>=2.4", "triton>=3.2", "einops>=0.7", "numpy"],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist",
+            "hypothesis",
+            "pytest-benchmark",
+            "numpy<2.4",  # the Triton interpreter fails on runtime-bound loops with numpy 2.4
+            "fla-core==0.6.0",
+            "ruff",
+        ],
+        "bench": ["matplotlib", "rich"],
+    },
+    entry_points={"console_scripts": ["lamina=lamina.cli:main"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)
