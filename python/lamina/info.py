@@ -1,0 +1,240 @@
+"""``lamina info``: versions, devices and backends; ``lamina info --kernels``: the static kernel report.
+
+The static report compiles every registered Triton kernel configuration ahead of
+time (no GPU needed) for sm_90 and sm_80 and reads the cubin with the tools that
+ship in triton's wheel: registers, stack and spill stores (``STL``), shared memory,
+and whether Hopper's warpgroup tensor-core instructions (``HGMMA``) are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
+SHARED_LIMIT_BYTES = {90: 232448, 80: 166912}
+DEFAULT_ARCHS = (90, 80)
+# Warp size of every NVIDIA target the report compiles for.
+WARP_SIZE = 32
+
+
+@dataclass
+class KernelReport:
+    name: str
+    config: str
+    arch: int
+    default: bool
+    uses_dot: bool
+    registers: int = -1
+    stack_bytes: int = -1
+    spill_stores: int = -1
+    spill_loads: int = -1
+    shared_bytes: int = -1
+    hgmma: bool = False
+    error: str = ""
+    module: str = ""
+
+    @property
+    def shared_ok(self) -> bool:
+        return 0 <= self.shared_bytes <= SHARED_LIMIT_BYTES[self.arch]
+
+    def problems(self) -> list[str]:
+        """What makes this configuration unacceptable as a default (empty when it is fine)."""
+        if self.error:
+            return [f"compile error: {self.error}"]
+        out = []
+        if self.spill_stores > 0 or self.spill_loads > 0:
+            out.append(f"spills ({self.spill_stores} STL, {self.spill_loads} LDL, stack {self.stack_bytes} B)")
+        if not self.shared_ok:
+            out.append(f"shared memory {self.shared_bytes} B > sm_{self.arch} limit {SHARED_LIMIT_BYTES[self.arch]} B")
+        if self.arch == 90 and self.uses_dot and not self.hgmma:
+            out.append("matrix kernel without HGMMA on sm_90")
+        return out
+
+
+def _nvidia_tool(name: str) -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} not found in triton's wheel at {path}")
+    return str(path)
+
+
+def _load_registry() -> list:
+    from lamina.kernels import KERNEL_MODULES
+    from lamina.kernels._utils import registered_aot
+
+    for module in KERNEL_MODULES:
+        importlib.import_module(module)
+    return registered_aot()
+
+
+def _parse_resource_usage(text: str) -> tuple[int, int]:
+    regs = re.search(r"REG:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    return (int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1)
+
+
+def _compile_one(index: int, arch: int) -> KernelReport:
+    return compile_spec(_load_registry()[index], arch)
+
+
+def compile_spec(spec, arch: int) -> KernelReport:
+    """Compile one ``AotSpec`` for ``sm_<arch>`` and read its resource usage from the cubin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lamina.kernels._utils import raw_jit
+
+    report = KernelReport(spec.name, spec.config, arch, spec.default, spec.uses_dot)
+    try:
+        fn = raw_jit(spec.fn)
+        report.module = getattr(fn, "__module__", "") or getattr(getattr(fn, "fn", None), "__module__", "")
+        src = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs)
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", arch, WARP_SIZE),
+            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+        )
+        report.shared_bytes = int(compiled.metadata.shared)
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / "k.cubin"
+            cubin.write_bytes(compiled.asm["cubin"])
+            usage = subprocess.run(
+                [_nvidia_tool("cuobjdump"), "--dump-resource-usage", str(cubin)],
+                capture_output=True, text=True, check=True,
+            ).stdout
+            sass = subprocess.run(
+                [_nvidia_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True
+            ).stdout
+        report.registers, report.stack_bytes = _parse_resource_usage(usage)
+        report.spill_stores = len(re.findall(r"\bSTL(\.\w+)*\b", sass))
+        report.spill_loads = len(re.findall(r"\bLDL(\.\w+)*\b", sass))
+        report.hgmma = "HGMMA" in sass
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the report
+        report.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    return report
+
+
+def kernel_report(archs: tuple[int, ...] = DEFAULT_ARCHS, name_filter: str = "", jobs: int | None = None):
+    """Compile every registered configuration for each arch; returns a list of KernelReport."""
+    specs = _load_registry()
+    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name for arch in archs]
+    jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
+    if jobs == 1 or len(work) <= 1:
+        return [_compile_one(i, a) for i, a in work]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_compile_one, *zip(*work)))
+
+
+def _format_table(rows: list[KernelReport]) -> str:
+    head = ["kernel", "config", "arch", "regs", "stack", "STL", "LDL", "shared", "HGMMA", "status"]
+    lines = []
+    for r in rows:
+        status = "; ".join(r.problems()) if r.default else ("(non-default) " + "; ".join(r.problems()))
+        lines.append([
+            r.name, r.config, f"sm_{r.arch}", str(r.registers), str(r.stack_bytes), str(r.spill_stores),
+            str(r.spill_loads), str(r.shared_bytes), ("yes" if r.hgmma else "no") if r.arch == 90 else "-",
+            status.strip() or "ok",
+        ])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join("{:<" + str(w) + "}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("torch", "triton", "numpy", "einops", "fla", "flash_attn"):
+        try:
+            out[mod] = getattr(importlib.import_module(mod), "__version__", "unknown")
+        except Exception:  # noqa: BLE001
+            out[mod] = "not installed"
+    return out
+
+
+def environment_summary() -> dict[str, object]:
+    """Versions, devices and which backends can run here."""
+    import torch
+
+    from lamina import __version__
+    from lamina._dispatch import interpreter_enabled
+    from lamina._optional import compiled_extension
+
+    ext = compiled_extension()
+    cuda = torch.cuda.is_available()
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    return {
+        "lamina": __version__,
+        **_versions(),
+        "cuda_devices": devices or "none",
+        "backends": {
+            "triton (CUDA)": "available" if cuda else "no CUDA device",
+            "triton (interpreter)": "on (TRITON_INTERPRET=1)" if interpreter_enabled() else "off",
+            "torch": "available",
+            "cuda (lamina._C)": ("available" if ext is not None and getattr(ext, "WITH_CUDA", False)
+                                 else "not built (LAMINA_BUILD_CUDA=1)"),
+            "cpu-ext (lamina._C)": "available" if ext is not None else "not built (LAMINA_BUILD_CPU=1)",
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lamina info", description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", action="store_true", help="compile every kernel config ahead of time")
+    parser.add_argument("--arch", default=",".join(str(a) for a in DEFAULT_ARCHS),
+                        help="comma-separated SM versions, e.g. 90,80")
+    parser.add_argument("--filter", default="", help="only kernels whose name contains this")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    args = parser.parse_args(argv)
+
+    if not args.kernels:
+        summary = environment_summary()
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            for key, value in summary.items():
+                if isinstance(value, dict):
+                    print(f"{key}:")
+                    for k, v in value.items():
+                        print(f"  {k:<22} {v}")
+                else:
+                    print(f"{key:<24} {value}")
+        return 0
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        # Interpreted kernels cannot be compiled: rerun without the interpreter.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "lamina.info", *(argv if argv is not None else sys.argv[1:])]
+        return subprocess.run(cmd, env=env).returncode
+
+    archs = tuple(int(a) for a in args.arch.split(",") if a)
+    bad_arch = [a for a in archs if a not in SHARED_LIMIT_BYTES]
+    if bad_arch:
+        parser.error(f"--arch: supported SM versions are {sorted(SHARED_LIMIT_BYTES)}, got {bad_arch}")
+    rows = kernel_report(archs, args.filter, args.jobs)
+    if args.json:
+        print(json.dumps([{**asdict(r), "problems": r.problems()} for r in rows], indent=1))
+    else:
+        print(_format_table(rows))
+        bad = [r for r in rows if r.default and r.problems()]
+        print(f"\n{len(rows)} compiled configurations, {len(bad)} default configurations with problems")
+    return 1 if any(r.default and r.problems() for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Two matmul tiles for testing the static report: one that fits, one that spills on sm_90."""
+
+import triton
+import triton.language as tl
+from lamina.kernels._utils import AotSpec
+
+
+@triton.jit
+def _demo_mm_kernel(a, b, c, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    rm = tl.arange(0, M)
+    rn = tl.arange(0, N)
+    rk = tl.arange(0, K)
+    x = tl.load(a + rm[:, None] * K + rk[None, :])
+    y = tl.load(b + rk[:, None] * N + rn[None, :])
+    tl.store(c + rm[:, None] * N + rn[None, :], tl.dot(x, y))
+
+
+SIGNATURE = {"a": "*bf16", "b": "*bf16", "c": "*fp32", "M": "constexpr", "N": "constexpr", "K": "constexpr"}
+FITS = AotSpec("demo_mm", "128x128x64", _demo_mm_kernel, SIGNATURE, {"M": 128, "N": 128, "K": 64})
+# 128x256x128 bf16 with 4 warps: 255 registers and spill stores (TRITON_ON_CPU.md section 2).
+SPILLS = AotSpec("demo_mm", "128x256x128", _demo_mm_kernel, SIGNATURE, {"M": 128, "N": 256, "K": 128})

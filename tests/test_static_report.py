@@ -1,0 +1,69 @@
+"""The static kernel report: it catches spills, and every default kernel configuration passes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code_or_args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "tests" / "data") + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_report_detects_spills_and_hgmma():
+    code = textwrap.dedent("""
+        import json
+        from dataclasses import asdict
+        from lamina.info import compile_spec
+        import aot_demo_kernels as d
+        rows = [compile_spec(d.FITS, 90), compile_spec(d.SPILLS, 90), compile_spec(d.FITS, 80)]
+        print(json.dumps([{**asdict(r), "problems": r.problems()} for r in rows]))
+    """)
+    proc = _run(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    fits, spills, fits80 = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fits["problems"] == [] and fits["hgmma"] and fits["spill_stores"] == 0
+    assert fits["registers"] > 0 and fits["shared_bytes"] > 0
+    assert spills["spill_stores"] > 0
+    assert any("spills" in p for p in spills["problems"])
+    assert fits80["problems"] == [] and fits80["arch"] == 80
+
+
+def test_every_default_kernel_config_compiles_without_spills():
+    proc = _run(["-m", "lamina.info", "--kernels", "--json"])
+    assert proc.stdout, proc.stderr
+    rows = json.loads(proc.stdout)
+    from lamina.kernels import KERNEL_MODULES
+
+    modules = {r["module"] for r in rows}
+    assert rows, "no kernel configuration is registered"
+    bad = [f'{r["name"]}[{r["config"]}] sm_{r["arch"]}: {"; ".join(r["problems"])}'
+           for r in rows if r["default"] and r["problems"]]
+    assert not bad, "\n".join(bad)
+    assert {90, 80} <= {r["arch"] for r in rows}
+    missing = set(KERNEL_MODULES) - modules
+    assert not missing, f"kernel modules that register no configuration with the report: {sorted(missing)}"
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_info_runs():
+    proc = _run(["-m", "lamina.cli", "info"])
+    assert proc.returncode == 0, proc.stderr
+    assert "torch" in proc.stdout and "backends" in proc.stdout
+
+
+@pytest.mark.parametrize("bad", [["--arch", "75"]])
+def test_info_rejects_unknown_arch(bad):
+    proc = _run(["-m", "lamina.info", "--kernels", *bad])
+    assert proc.returncode != 0 and "--arch" in proc.stderr
