@@ -2,6 +2,7 @@
 
 import triton
 import triton.language as tl
+
 from lamina.kernels._utils import AotSpec
 
 
