@@ -1,0 +1,150 @@
+"""The central tolerance table (STYLE.md rule 7) and the one ``assert_close`` every test and ``lamina fuzz`` use.
+
+Three kinds of check, each with its justification:
+
+* ``recurrence``: chunked/recurrent delta-rule kernels against a float64 reference.
+  Measured as the RMS error ratio ``rms(actual - ref) / rms(ref)`` (fla's
+  ``assert_close``), because individual elements of a long recurrence can be tiny
+  and their relative error meaningless. The reference runs on the *same quantised
+  inputs* in float64, so what remains is the rounding of intermediate casts: dot
+  operands rounded to the input dtype (unit roundoff u: fp16 4.9e-4, bf16 3.9e-3)
+  and fp32 accumulation. Each cast contributes about u; a handful of chained casts
+  in the chunk pipeline gives the bound of ~4-5 u below. fp32 keeps 2e-5 because the
+  triangular solve and the state pass compound ~1e-7 rounding over tens of chunks.
+* ``attention``: the FlashAttention rule: the kernel's error against the float64
+  reference must be at most ``factor`` times PyTorch's own error when it computes in
+  the same low precision (2x outputs, 3x gradients), plus a small absolute floor.
+* ``elementwise``: plain rtol/atol per dtype for one-pass ops (a few roundings).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# RMS error ratio bounds for recurrences (see module docstring for the derivation).
+RECURRENCE_RMS_RATIO: dict[torch.dtype, float] = {
+    torch.float64: 1e-10,
+    torch.float32: 2e-5,
+    torch.float16: 2.5e-3,
+    torch.bfloat16: 2e-2,
+}
+
+# Element-wise (rtol, atol) for single-pass ops: ~4 u for rtol, atol for values near 0.
+ELEMENTWISE: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 8e-3),
+}
+
+# FlashAttention-style bound: multiples of PyTorch's own low-precision error.
+ATTENTION_FACTOR_OUTPUT = 2.0
+ATTENTION_FACTOR_GRAD = 3.0
+# Floor for the attention bound, in units of the dtype's unit roundoff times rms(ref), so that a
+# case where PyTorch is exact (e.g. fp32 with tiny shapes) does not demand an exact kernel.
+ATTENTION_FLOOR_ULPS = 4.0
+
+UNIT_ROUNDOFF: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+
+
+def _rms(x: torch.Tensor) -> float:
+    return x.double().pow(2).mean().sqrt().item() if x.numel() else 0.0
+
+
+def _first_diff(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str:
+    bad = ((actual - expected).abs() > bound).nonzero()
+    if bad.numel() == 0:
+        return "none"
+    idx = tuple(bad[0].tolist())
+    return f"{idx}: actual {actual[idx].item():.6g} vs expected {expected[idx].item():.6g}"
+
+
+def _check_finite_match(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    a_bad = ~torch.isfinite(actual)
+    e_bad = ~torch.isfinite(expected)
+    if not torch.equal(a_bad, e_bad):
+        where = (a_bad ^ e_bad).nonzero()[0].tolist()
+        raise AssertionError(
+            f"{name}: NaN/inf mismatch ({int(a_bad.sum())} non-finite in actual, "
+            f"{int(e_bad.sum())} in expected), first at {tuple(where)}"
+        )
+
+
+def assert_close(
+    name: str,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    kind: str = "recurrence",
+    dtype: torch.dtype | None = None,
+    ratio: float | None = None,
+) -> None:
+    """Compare ``actual`` with ``expected`` (usually a float64 reference).
+
+    ``kind`` is ``"recurrence"`` (RMS error ratio) or ``"elementwise"`` (rtol/atol).
+    ``dtype`` selects the row of the table (default: ``actual.dtype``); ``ratio``
+    overrides the recurrence bound only where a test documents why.
+    The message reports the RMS ratio, the max abs error and the first differing index.
+    """
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+    dtype = dtype or actual.dtype
+    a = actual.detach().double().cpu()
+    e = expected.detach().double().cpu()
+    _check_finite_match(name, a, e)
+    finite = torch.isfinite(e)
+    a, e = a[finite], e[finite]
+    err = (a - e).abs()
+    max_err = err.max().item() if err.numel() else 0.0
+    rms_ratio = _rms(a - e) / max(_rms(e), 1e-30)
+    if kind == "recurrence":
+        bound = RECURRENCE_RMS_RATIO[dtype] if ratio is None else ratio
+        if not rms_ratio <= bound:
+            raise AssertionError(
+                f"{name}: RMS error ratio {rms_ratio:.3e} > {bound:.1e} ({dtype}); max abs err {max_err:.3e}; "
+                f"rms(expected) {_rms(e):.3e}"
+            )
+    elif kind == "elementwise":
+        rtol, atol = ELEMENTWISE[dtype]
+        allowed = atol + rtol * e.abs()
+        if not bool((err <= allowed).all()):
+            first = _first_diff(actual.detach().double().cpu(), expected.detach().double().cpu(),
+                                atol + rtol * expected.detach().double().cpu().abs())
+            raise AssertionError(
+                f"{name}: elementwise mismatch ({dtype}, rtol={rtol}, atol={atol}); max abs err {max_err:.3e}; "
+                f"RMS ratio {rms_ratio:.3e}; first at {first}"
+            )
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+
+
+def assert_attention_close(
+    name: str,
+    actual: torch.Tensor,
+    reference64: torch.Tensor,
+    torch_lowp: torch.Tensor,
+    grad: bool = False,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """FlashAttention's rule: ``max|actual - ref| <= factor * max|torch_lowp - ref| + floor``.
+
+    ``torch_lowp`` is PyTorch's own result computed in the low precision under test.
+    """
+    dtype = dtype or actual.dtype
+    a = actual.detach().double().cpu()
+    r = reference64.detach().double().cpu()
+    p = torch_lowp.detach().double().cpu()
+    _check_finite_match(name, a, r)
+    factor = ATTENTION_FACTOR_GRAD if grad else ATTENTION_FACTOR_OUTPUT
+    ours = (a - r).abs().max().item()
+    theirs = (p - r).abs().max().item()
+    floor = ATTENTION_FLOOR_ULPS * UNIT_ROUNDOFF[dtype] * max(r.abs().max().item(), 1e-30)
+    bound = factor * theirs + floor
+    if not ours <= bound:
+        raise AssertionError(
+            f"{name}: max error {ours:.3e} > {factor}x PyTorch's {theirs:.3e} + floor {floor:.1e} ({dtype})"
+        )
