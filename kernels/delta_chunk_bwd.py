@@ -1,0 +1,539 @@
+"""Chunked backward of the delta-rule family (DeltaNet, Gated DeltaNet, KDA, GDN-2): Triton kernels.
+
+Forward, per token (DESIGN.md): ``S <- D_t S``, ``r = S^T (b_t k_t)``, ``S <- S + k_t (w_t v_t - r)^T``,
+``o_t = S^T (scale q_t)``, with ``D_t = Diag(exp(g_t))``. One chunk of ``C`` tokens starting from the
+state ``S0`` (``h[c]``, kept by the forward), with ``G`` the in-chunk cumulative sum of ``g`` (``G_C`` its
+last row) and ``gamma = exp(G)``, is exactly:
+
+    E = b*k, Z = w*v, Qg = scale*q*gamma, Eb = E*gamma, Kt = k*exp(G_C - G)      (rows i, channels)
+    M_ij = sum_c E_ic k_jc exp(G_ic - G_jc)   (j < i)        A = (I + M)^-1
+    P_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)   (j <= i)
+    U = A (Z - Eb S0)                          (the new values, v_new)
+    O = Qg S0 + P U,     S_C = Diag(gamma_C) S0 + Kt^T U
+
+Backward, given dO and dH = dS_C (the gradient that the later chunks send back):
+
+    dU = P^T dO + Kt dH,    dR = A^T dU        (dR is the gradient of Z - Eb S0)
+    dS0 = Diag(gamma_C) dH + Qg^T dO - Eb^T dR (the reverse state scan: dH of the previous chunk)
+    dZ = dR  ->  dv = w*dR,  dw = v*dR (summed over V for a scalar w)
+    dP = dO U^T (j <= i),   dM = -A^T (dU (Z - Eb S0)^T) A^T = -dR U^T (j < i)
+    dq = scale*gamma*(dO S0^T) + scale sum_j dP_ij k_j exp(G_i - G_j)
+    dE = -gamma*(dR S0^T) + sum_j dM_ij k_j exp(G_i - G_j)
+    dk = exp(G_C - G)*(U dH^T) + sum_i (scale dP_ij q_i + dM_ij E_i) exp(G_i - G_j) + b*dE
+    db = k*dE (summed over K for a scalar b)
+
+For the gate, every place ``G`` enters is a product of an original variable with ``exp(+-G)``, so the
+gradient of the cumulative decay is read off the gradients above (``dk_G`` = dk without ``b*dE``):
+
+    dG_i = q_i*dq_i + E_i*dE_i - k_i*dk_G_i,   plus on the last row  sum_j k_j*dKt_j + gamma_C*rowsum(dH*S0)
+
+and ``dg`` is the reverse cumulative sum of ``dG`` inside the chunk (summed over K for a scalar gate).
+
+Kernels (no atomics anywhere, so two runs are bitwise equal):
+
+1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``M``, ``P`` and ``A``; ``A`` and ``P`` go
+   to an fp32 scratch ``[tokens, HV, BT]``.
+2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks.
+   It keeps ``dH`` in registers and, in the same step, computes ``dU``, ``dR``, ``U``, ``dv``, ``dw``
+   and ``dS0``. It writes ``dH`` per chunk (fp32, the size of ``h``) plus ``U`` and ``dR`` (fp32, the
+   size of ``v``) for kernel 3, and ``dinitial_state`` at the end.
+3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): ``dP``, ``dM`` and the inter-chunk
+   products over V blocks, then the intra-chunk products, ``dq``, ``dk``, ``db``, ``dg``. One program
+   loops over the value heads sharing a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
+
+Per-channel decay (DECAY 2) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
+each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
+finite at any T. Scalar decay (DECAY 1) and none (DECAY 0) use matrix products with a ``[BT, BT]``
+decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina._validate import check_cu_seqlens, check_shape, check_tensor
+from lamina.kernels._utils import autotune, cdiv, next_power_of_2
+from lamina.kernels.delta_chunk_bwd_parts import (
+    chunk_bounds,
+    gated_gram,
+    gated_intra_grads,
+    load_gate,
+    load_rows,
+    load_vec,
+    row_of,
+    unit_lower_inverse,
+)
+
+# Tried configurations: dims, dtypes and variant flags are the keys, never T or the number of sequences.
+_AUTOTUNE_KEY = ["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE"]
+_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)]
+# The scan and the dqk kernel hold several [BT, 64+] fp32 tiles: 8 warps is the default that fits.
+_CONFIGS_WIDE = [triton.Config({}, num_warps=w, num_stages=s) for w in (8, 4) for s in (1, 2)]
+
+
+@autotune(_CONFIGS, key=_AUTOTUNE_KEY)
+@triton.jit(do_not_specialize=["T", "NT"])
+def _delta_chunk_bwd_prep_kernel(
+    q, k, g, b, A_out, P_out, cu_seqlens, chunk_indices, scale, T, NT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_ch = tl.program_id(0)
+    i_c = i_ch // HV
+    i_hv = i_ch % HV
+    i_h = i_hv // (HV // H)
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    t0 = bos + i_t * BT
+    L = eos - t0
+    DT = q.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    lower = o_t[:, None] >= o_t[None, :]
+
+    Pm = tl.zeros([BT, BT], dtype=tl.float32)
+    Mm = tl.zeros([BT, BT], dtype=tl.float32)
+    if ERASE == 0:
+        b_s = load_vec(b + i_hv, t0, L, HV, o_t)
+    for k0 in range(0, K, BK):
+        q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        if ERASE == 1:
+            e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        else:
+            e_t = k_t * b_s[:, None]
+        if DECAY == 2:
+            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+            P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, BT)
+            Pm += P1
+            Mm += M1
+        else:
+            k_T = tl.trans(k_t.to(DT))
+            Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
+            Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
+    if DECAY == 1:
+        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+        gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+        Pm = Pm * gate
+        Mm = Mm * gate
+    Pm = tl.where(lower, Pm * scale, 0.0)
+    Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
+    Am = unit_lower_inverse(Mm, o_t, BT)
+
+    rows = (t0 + o_t.to(tl.int64)) * (HV * BT) + i_hv * BT
+    offs = rows[:, None] + o_t[None, :]
+    m = (o_t < L)[:, None]
+    tl.store(A_out + offs, Am, mask=m)
+    tl.store(P_out + offs, Pm, mask=m)
+
+
+@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
+@triton.jit(do_not_specialize=["T", "NT", "NTOK"])
+def _delta_chunk_bwd_dh_kernel(
+    q, k, v, g, b, w, h, do, dht, A_buf, P_buf, dh_buf, U_buf, dR_buf, dv, dw, dh0,
+    cu_seqlens, chunk_offsets, scale, T, NT, NTOK,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_nh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        n_chunks = tl.cdiv(eos - bos, BT).to(tl.int32)
+        first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        n_chunks = NT
+        first_chunk = i_n.to(tl.int64) * NT
+    DT = q.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_bv = tl.arange(0, BV)
+    v0 = i_v * BV
+    o_v = v0 + o_bv
+    state_offs = o_k[:, None] * V + o_v[None, :]
+    state_mask = (o_k < K)[:, None] & (o_v < V)[None, :]
+    head_state = (i_n * HV + i_hv).to(tl.int64) * (K * V)
+
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_FINAL_STATE_GRADIENT:
+        dh += tl.load(dht + head_state + state_offs, mask=state_mask, other=0.0).to(tl.float32)
+
+    for i_t in range(n_chunks - 1, -1, -1):
+        chunk_state = ((first_chunk + i_t) * HV + i_hv) * (K * V)
+        tl.store(dh_buf + chunk_state + state_offs, dh, mask=state_mask)
+        t0 = bos + i_t * BT
+        L = eos - t0
+        q_t = load_rows(q, t0, L, H * K, i_h * K, 0, o_t, o_k, K)
+        k_t = load_rows(k, t0, L, H * K, i_h * K, 0, o_t, o_k, K)
+        if ERASE == 1:
+            e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, 0, o_t, o_k, K)
+        else:
+            e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        if DECAY == 2:
+            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+            g_last = row_of(G, o_t, BT - 1)
+            gamma = tl.exp(G)
+            q_g = q_t * gamma * scale
+            e_g = e_t * gamma
+            k_tail = k_t * tl.exp(g_last[None, :] - G)
+            decay_chunk = tl.exp(g_last)[:, None]
+        elif DECAY == 1:
+            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+            g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+            gamma = tl.exp(G)[:, None]
+            q_g = q_t * gamma * scale
+            e_g = e_t * gamma
+            k_tail = k_t * tl.exp(g_last - G)[:, None]
+            decay_chunk = tl.exp(g_last)
+        else:
+            q_g = q_t * scale
+            e_g = e_t
+            k_tail = k_t
+            decay_chunk = 1.0
+        do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        v_t = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        if WRITE == 1:
+            w_t = load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        else:
+            w_t = load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
+        tri_offs = ((t0 + o_t.to(tl.int64)) * (HV * BT) + i_hv * BT)[:, None] + o_t[None, :]
+        tri_mask = (o_t < L)[:, None]
+        A_t = tl.load(A_buf + tri_offs, mask=tri_mask, other=0.0)
+        P_t = tl.load(P_buf + tri_offs, mask=tri_mask, other=0.0)
+        S0 = tl.load(h + chunk_state + state_offs, mask=state_mask, other=0.0)
+
+        dh_dt = dh.to(DT)
+        dU = tl.dot(tl.trans(P_t).to(DT), do_t.to(DT), input_precision=DOT_PRECISION)
+        dU += tl.dot(k_tail.to(DT), dh_dt, input_precision=DOT_PRECISION)
+        dR = tl.dot(tl.trans(A_t).to(DT), dU.to(DT), input_precision=DOT_PRECISION)
+        rhs = v_t * w_t - tl.dot(e_g.to(DT), S0.to(DT), input_precision=DOT_PRECISION)
+        U = tl.dot(A_t.to(DT), rhs.to(DT), input_precision=DOT_PRECISION)
+
+        val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
+        val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
+        tl.store(U_buf + val_offs, U, mask=val_mask)
+        tl.store(dR_buf + val_offs, dR, mask=val_mask)
+        tl.store(dv + val_offs, (dR * w_t).to(dv.dtype.element_ty), mask=val_mask)
+        if WRITE == 1:
+            tl.store(dw + val_offs, (dR * v_t).to(dw.dtype.element_ty), mask=val_mask)
+        else:
+            # a partial sum per V block, reduced by the launcher (no atomics)
+            dw_offs = i_v.to(tl.int64) * NTOK * HV + (t0 + o_t.to(tl.int64)) * HV + i_hv
+            tl.store(dw + dw_offs, tl.sum(dR * v_t, 1), mask=o_t < L)
+
+        dh = dh * decay_chunk
+        dh += tl.dot(tl.trans(q_g).to(DT), do_t.to(DT), input_precision=DOT_PRECISION)
+        dh -= tl.dot(tl.trans(e_g).to(DT), dR.to(DT), input_precision=DOT_PRECISION)
+
+    if USE_INITIAL_STATE:
+        tl.store(dh0 + head_state + state_offs, dh, mask=state_mask)
+
+
+@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
+@triton.jit(do_not_specialize=["T", "NT", "NTOK"])
+def _delta_chunk_bwd_dqk_kernel(
+    q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
+    cu_seqlens, chunk_indices, scale, T, NT, NTOK,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_ch = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_c = i_ch // H
+    i_h = i_ch % H
+    GROUP: tl.constexpr = HV // H
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    t0 = bos + i_t * BT
+    L = eos - t0
+    DT = q.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_bv = tl.arange(0, BV)
+    k0 = i_k * BK
+    lower = o_t[:, None] >= o_t[None, :]
+    strict = o_t[:, None] > o_t[None, :]
+    rows64 = t0 + o_t.to(tl.int64)
+    row_mask = o_t < L
+    tile_mask = row_mask[:, None] & ((k0 + o_k) < K)[None, :]
+
+    q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+    k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_g in range(GROUP):
+        i_hv = i_h * GROUP + i_g
+        if ERASE == 1:
+            b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        else:
+            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        e_t = k_t * b_t
+
+        dP = tl.zeros([BT, BT], dtype=tl.float32)
+        dMn = tl.zeros([BT, BT], dtype=tl.float32)
+        dQi = tl.zeros([BT, BK], dtype=tl.float32)
+        dEi = tl.zeros([BT, BK], dtype=tl.float32)
+        dKt = tl.zeros([BT, BK], dtype=tl.float32)
+        dgc = tl.zeros([BK], dtype=tl.float32)
+        chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+        for v0 in range(0, V, BV):
+            do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            U_t = load_rows(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            dR_t = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            s_offs = (k0 + o_k)[:, None] * V + (v0 + o_bv)[None, :]
+            s_mask = ((k0 + o_k) < K)[:, None] & ((v0 + o_bv) < V)[None, :]
+            S0 = tl.load(h + chunk_state + s_offs, mask=s_mask, other=0.0)
+            dH = tl.load(dh_buf + chunk_state + s_offs, mask=s_mask, other=0.0)
+            U_T = tl.trans(U_t)
+            S0_T = tl.trans(S0.to(DT))
+            dP += tl.dot(do_t, U_T, input_precision=DOT_PRECISION)
+            dMn += tl.dot(dR_t, U_T, input_precision=DOT_PRECISION)
+            dQi += tl.dot(do_t, S0_T, input_precision=DOT_PRECISION)
+            dEi += tl.dot(dR_t, S0_T, input_precision=DOT_PRECISION)
+            dKt += tl.dot(U_t, tl.trans(dH.to(DT)), input_precision=DOT_PRECISION)
+            dgc += tl.sum(dH * S0, 1)
+        dP = tl.where(lower, dP * scale, 0.0)
+        dM = tl.where(strict, -dMn, 0.0)
+
+        if DECAY == 2:
+            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+            g_last = row_of(G, o_t, BT - 1)
+            gamma = tl.exp(G)
+            tail = tl.exp(g_last[None, :] - G)
+            dq_in, de_in, dk_in = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, BT, BK)
+        else:
+            if DECAY == 1:
+                G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+                g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+                gamma = tl.exp(G)[:, None]
+                tail = tl.exp(g_last - G)[:, None]
+                decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+                dP = dP * decay
+                dM = dM * decay
+            else:
+                gamma = 1.0
+                tail = 1.0
+            dP_c = dP.to(DT)
+            dM_c = dM.to(DT)
+            k_c = k_t.to(DT)
+            dq_in = tl.dot(dP_c, k_c, input_precision=DOT_PRECISION)
+            de_in = tl.dot(dM_c, k_c, input_precision=DOT_PRECISION)
+            dk_in = tl.dot(tl.trans(dP_c), q_t.to(DT), input_precision=DOT_PRECISION)
+            dk_in += tl.dot(tl.trans(dM_c), e_t.to(DT), input_precision=DOT_PRECISION)
+        dq_h = gamma * dQi * scale + dq_in
+        de_h = de_in - gamma * dEi
+        dk_tail = tail * dKt
+        dk_gate = dk_in + dk_tail
+        dq_acc += dq_h
+        dk_acc += dk_gate + b_t * de_h
+
+        if ERASE == 1:
+            b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
+            tl.store(db + b_offs, (de_h * k_t).to(db.dtype.element_ty), mask=tile_mask)
+        else:
+            part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
+            tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
+        if DECAY > 0:
+            dG = q_t * dq_h + e_t * de_h - k_t * dk_gate
+            # the chunk's total decay enters S_C through Kt and Diag(gamma_C); rows past L repeat
+            # G[BT - 1], so adding on row BT - 1 reaches every valid row in the reverse sum
+            last = tl.sum(k_t * dk_tail, 0) + tl.exp(g_last) * dgc
+            dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
+            if DECAY == 2:
+                g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
+                tl.store(dg + g_offs, tl.cumsum(dG, 0, reverse=True).to(dg.dtype.element_ty), mask=tile_mask)
+            else:
+                part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
+                tl.store(dg + part, tl.cumsum(tl.sum(dG, 1), 0, reverse=True), mask=row_mask)
+
+    qk_offs = (rows64 * (H * K) + i_h * K)[:, None] + (k0 + o_k)[None, :]
+    tl.store(dq + qk_offs, dq_acc.to(dq.dtype.element_ty), mask=tile_mask)
+    tl.store(dk + qk_offs, dk_acc.to(dk.dtype.element_ty), mask=tile_mask)
+
+
+# ----------------------------------------------------------------------------------------------------
+# launcher
+# ----------------------------------------------------------------------------------------------------
+
+# Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
+# 128 would not fit in registers next to the rest.
+CHUNK_SIZES = (16, 32, 64)
+DEFAULT_CHUNK_SIZE = 64
+# Widest key dim: the scan holds dH as one [K, BV] fp32 tile next to [BT, K] tiles of q, k and gates.
+MAX_HEAD_DIM_K = 256
+# Smallest tile side tl.dot accepts.
+MIN_DOT_DIM = 16
+# K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
+CHUNK_BLOCK = 64
+# Element budget of the scan's dH tile [BK, BV] in registers (8192 fp32 = 32 registers per thread at
+# 8 warps), which fixes BV from K.
+SCAN_TILE_ELEMENTS = 8192
+# Widest V block of the scan: wider blocks leave too few programs for short batches.
+SCAN_MAX_BV = 64
+
+
+def _pow2_block(n: int, cap: int) -> int:
+    return min(cap, max(MIN_DOT_DIM, next_power_of_2(n)))
+
+
+def scan_block_v(K: int, V: int) -> int:
+    """V block of the reverse scan for key dim ``K``: ``BK * BV <= SCAN_TILE_ELEMENTS``."""
+    bk = _pow2_block(K, MAX_HEAD_DIM_K)
+    return _pow2_block(V, max(MIN_DOT_DIM, min(SCAN_MAX_BV, SCAN_TILE_ELEMENTS // bk)))
+
+
+def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):
+    """Chunk bookkeeping: ``(total_chunks, chunks_per_sequence, chunk_indices, chunk_offsets)``.
+
+    Dense: ``B * ceil(T / BT)`` chunks, b-major, and no index tensors. Varlen: ``chunk_indices [NC, 2]``
+    (sequence, chunk inside it) and ``chunk_offsets [N + 1]`` (first chunk of each sequence), int32.
+    """
+    if cu_seqlens is None:
+        nt = cdiv(T, chunk_size)
+        return batch * nt, nt, None, None
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    counts = (lens + chunk_size - 1) // chunk_size
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=cu_seqlens.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    total = int(offsets[-1].item())
+    seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
+    local = torch.arange(total, device=cu_seqlens.device) - offsets[:-1][seq]
+    indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
+    return total, 0, indices, offsets.to(torch.int32)
+
+
+def _gate_kind(name: str, x: torch.Tensor | None, lead: tuple[int, ...], width: int, wide: str) -> int:
+    """0 for a scalar gate ``[B, T, HV]``, 1 for a per-channel gate ``[B, T, HV, width]``."""
+    check_tensor(name, x)
+    if tuple(x.shape) == lead:
+        return 0
+    check_shape(name, x, (*lead, width), f"[B, T, HV] or [B, T, HV, {wide}]")
+    return 1
+
+
+def delta_chunk_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    b: torch.Tensor | None,
+    w: torch.Tensor | None,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    h: torch.Tensor,
+    do: torch.Tensor,
+    dfinal_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, ...]:
+    """Gradients of the chunked delta-rule family (module docstring) with respect to every input.
+
+    Args:
+        q, k: [B, T, H, K]. v: [B, T, HV, V], ``HV % H == 0`` (value head j reads qk head j // (HV // H)).
+        g: log decay, None (DeltaNet), [B, T, HV] (scalar per head) or [B, T, HV, K] (per channel).
+        b: erase gate [B, T, HV] or [B, T, HV, K]; w: write gate [B, T, HV] or [B, T, HV, V];
+            None means a gate of 1. ``b`` and ``w`` may be the same tensor.
+        scale: query scale. initial_state: [N, HV, K, V] float32 or None.
+        h: chunk-start states of the forward, float32 [total_chunks, HV, K, V] (state before chunk c).
+        do: [B, T, HV, V]. dfinal_state: [N, HV, K, V] or None (zero).
+        cu_seqlens: [N + 1] int32/int64 sequence offsets (B == 1) or None.
+        chunk_size: 16, 32 or 64.
+
+    Returns:
+        (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs; dg/db/dw are None
+        when that input is None, dinitial_state (float32) when initial_state is None.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
+        check_tensor(name, x, ndim=4)
+    B, T, H, K = q.shape
+    check_shape("k", k, q.shape, "like q")
+    if v.shape[:2] != (B, T) or v.shape[2] % H != 0:
+        raise ValueError(f"v must have shape [B={B}, T={T}, HV, V] with HV % H == 0 (H={H}), got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    check_shape("do", do, v.shape, "like v")
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    if K > MAX_HEAD_DIM_K:
+        raise ValueError(f"q/k head dim K must be <= {MAX_HEAD_DIM_K}, got {K}")
+    N = check_cu_seqlens(cu_seqlens, B, T)
+    lead = (B, T, HV)
+    decay = 0 if g is None else 1 + _gate_kind("g", g, lead, K, "K")
+    erase = 0 if b is None else _gate_kind("b", b, lead, K, "K")
+    write = 0 if w is None else _gate_kind("w", w, lead, V, "V")
+    BT = chunk_size
+    n_chunks, nt, chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, B, T, BT)
+    check_tensor("h", h, dtypes=(torch.float32,))
+    check_shape("h", h, (n_chunks, HV, K, V), "chunk-start states [total_chunks, HV, K, V]")
+    state_shape = (N, HV, K, V)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state)
+        check_shape("initial_state", initial_state, state_shape)
+    if dfinal_state is not None:
+        check_tensor("dfinal_state", dfinal_state)
+        check_shape("dfinal_state", dfinal_state, state_shape)
+
+    q, k, v, do, h = (x.contiguous() for x in (q, k, v, do, h))
+    b_in = b.contiguous() if b is not None else q.new_ones(lead)
+    w_in = w.contiguous() if w is not None else q.new_ones(lead)
+    g_in = g.contiguous() if g is not None else q
+    dht = dfinal_state.contiguous() if dfinal_state is not None else h
+    f32 = dict(dtype=torch.float32, device=q.device)
+    ntok = B * T
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
+                 DOT_PRECISION=precision)
+    dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
+    cu = cu_seqlens if cu_seqlens is not None else q
+    idx = chunk_indices if chunk_indices is not None else q
+    offs = chunk_offsets if chunk_offsets is not None else q
+
+    A_buf = torch.empty(ntok, HV, BT, **f32)
+    P_buf = torch.empty(ntok, HV, BT, **f32)
+    bk_chunk = _pow2_block(K, CHUNK_BLOCK)
+    _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
+        q, k, g_in, b_in, A_buf, P_buf, cu, idx, scale, T, nt, BK=bk_chunk, **dims, **flags)
+
+    bk_scan = _pow2_block(K, MAX_HEAD_DIM_K)
+    bv_scan = scan_block_v(K, V)
+    nv = cdiv(V, bv_scan)
+    dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
+    U_buf = torch.empty(ntok, HV, V, **f32)
+    dR_buf = torch.empty(ntok, HV, V, **f32)
+    dv = torch.empty_like(v)
+    dw = torch.empty_like(w_in) if write == 1 else torch.empty(nv, ntok, HV, **f32)
+    dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
+    _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
+        q, k, v, g_in, b_in, w_in, h, do, dht, A_buf, P_buf, dh_buf, U_buf, dR_buf, dv, dw, dh0,
+        cu, offs, scale, T, nt, ntok, BK=bk_scan, BV=bv_scan,
+        USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
+        **dims, **flags)
+
+    bv_chunk = _pow2_block(V, CHUNK_BLOCK)
+    nk = cdiv(K, bk_chunk)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    db = torch.empty_like(b_in) if erase == 1 else torch.empty(nk, ntok, HV, **f32)
+    dg = torch.empty_like(g_in) if decay == 2 else torch.empty(nk, ntok, HV, **f32)
+    _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
+        q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, scale, T, nt, ntok,
+        BK=bk_chunk, BV=bv_chunk, **dims, **flags)
+
+    def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return part.sum(0).view(lead).to(like.dtype)
+
+    dg_out = None if g is None else (dg if decay == 2 else reduce(dg, g))
+    db_out = None if b is None else (db if erase == 1 else reduce(db, b))
+    dw_out = None if w is None else (dw if write == 1 else reduce(dw, w))
+    dh0_out = dh0 if initial_state is not None else None
+    return dq, dk, dv, dg_out, db_out, dw_out, dh0_out

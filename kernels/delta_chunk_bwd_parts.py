@@ -1,0 +1,142 @@
+"""``@triton.jit`` building blocks of the chunked delta-rule backward (kernels/delta_chunk_bwd.py).
+
+Everything here works on one chunk of ``BT`` tokens held in registers:
+
+* ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
+* ``load_rows``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside the chunk.
+* ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
+* ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
+* ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
+* ``unit_lower_inverse``: ``(I + M)^-1`` for a strictly lower triangular ``M``.
+
+Per-channel decay is handled one key column ``j`` at a time, so every exponent is ``G_i - G_j``
+with ``i >= j``, which is ``<= 0`` for log decays ``g <= 0``: nothing overflows, and an exponent
+that underflows stands for a weight that is truly below float32's range.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr):
+    """Sequence index, chunk index inside it, first token (int64) and end token of global chunk ``i_c``."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_n = (i_c // NT).to(tl.int64)
+        i_t = (i_c % NT).to(tl.int64)
+        bos = i_n * T
+        eos = bos + T
+    return i_n, i_t, bos, eos
+
+
+@triton.jit
+def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """fp32 tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` (row stride ``row_stride``), zero for
+    ``o_t >= L`` or ``col0 + o_c >= N_COLS``. ``t0`` is int64, so the offset never wraps."""
+    rows = (t0 + o_t.to(tl.int64)) * row_stride
+    p = ptr + rows[:, None] + head_off + col0 + o_c[None, :]
+    m = (o_t < L)[:, None] & ((col0 + o_c) < N_COLS)[None, :]
+    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_vec(ptr, t0, L, row_stride, o_t):
+    """fp32 vector ``ptr[t0 + o_t]`` (one value per token), zero for ``o_t >= L``."""
+    p = ptr + (t0 + o_t.to(tl.int64)) * row_stride
+    return tl.load(p, mask=o_t < L, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr):
+    """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY 1), ``[BT, BK]`` for a
+    per-channel gate (DECAY 2; key columns ``k0 + o_k``). Rows past the chunk end repeat the last
+    valid row (their ``g`` loads as 0), so ``G[BT - 1]`` is the decay of the whole chunk."""
+    if DECAY == 2:
+        gk = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        return tl.cumsum(gk, 0)
+    else:
+        gs = load_vec(g + i_hv, t0, L, HV, o_t)
+        return tl.cumsum(gs, 0)
+
+
+@triton.jit
+def row_of(X, o_t, j):
+    """Row ``j`` of a ``[BT, C]`` register tile."""
+    return tl.sum(tl.where((o_t == j)[:, None], X, 0.0), 0)
+
+
+@triton.jit
+def col_of(X, o_t, j):
+    """Column ``j`` of a ``[R, BT]`` register tile."""
+    return tl.sum(tl.where((o_t == j)[None, :], X, 0.0), 1)
+
+
+@triton.jit
+def gated_gram(X1, X2, Y, G, o_t, BT: tl.constexpr):
+    """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), for two
+    left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``)."""
+    R1 = tl.zeros([BT, BT], dtype=tl.float32)
+    R2 = tl.zeros([BT, BT], dtype=tl.float32)
+    for j in range(BT):
+        y_j = row_of(Y, o_t, j)
+        g_j = row_of(G, o_t, j)
+        # exponents G_i - G_j with i >= j only: each is <= 0
+        gate = tl.exp(tl.where((o_t >= j)[:, None], G - g_j[None, :], float("-inf")))
+        yg = gate * y_j[None, :]
+        sel = (o_t == j)[None, :]
+        R1 = tl.where(sel, tl.sum(X1 * yg, 1)[:, None], R1)
+        R2 = tl.where(sel, tl.sum(X2 * yg, 1)[:, None], R2)
+    return R1, R2
+
+
+@triton.jit
+def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, BT: tl.constexpr, BK: tl.constexpr):
+    """Back-propagation through ``gated_gram`` for ``P = gram(Q, K)`` (lower incl. diagonal) and
+    ``M = gram(E, K)`` (strictly lower), given their gradients ``dP`` and ``dM`` (``[BT, BT]``,
+    already masked):
+
+    ``dQ_i = sum_j dP_ij K_j e^(G_i - G_j)``, ``dE_i = sum_j dM_ij K_j e^(G_i - G_j)``,
+    ``dK_j = sum_i (dP_ij Q_i + dM_ij E_i) e^(G_i - G_j)``.
+    """
+    dQ = tl.zeros([BT, BK], dtype=tl.float32)
+    dE = tl.zeros([BT, BK], dtype=tl.float32)
+    dK = tl.zeros([BT, BK], dtype=tl.float32)
+    for j in range(BT):
+        k_j = row_of(Kt, o_t, j)
+        g_j = row_of(G, o_t, j)
+        gate = tl.exp(tl.where((o_t >= j)[:, None], G - g_j[None, :], float("-inf")))
+        p_j = col_of(dP, o_t, j)
+        m_j = col_of(dM, o_t, j)
+        kg = gate * k_j[None, :]
+        dQ += p_j[:, None] * kg
+        dE += m_j[:, None] * kg
+        dk_j = tl.sum((p_j[:, None] * Q + m_j[:, None] * E) * gate, 0)
+        dK = tl.where((o_t == j)[:, None], dk_j[None, :], dK)
+    return dQ, dE, dK
+
+
+@triton.jit
+def unit_lower_inverse(M, o_t, BT: tl.constexpr):
+    """``(I + M)^-1`` for a strictly lower triangular ``[BT, BT]`` ``M``, by forward substitution:
+    row ``i`` of the strictly lower part is ``L_i = -M_i - sum_{j<i} M_ij L_j``."""
+    L = -M
+    for i in range(1, BT):
+        sel = (o_t == i)[:, None]
+        a = tl.sum(tl.where(sel, L, 0.0), 0)
+        # a_j is 0 for j >= i, so only the finished rows L_j (j < i) contribute
+        a = a + tl.sum(a[:, None] * L, 0)
+        L = tl.where(sel, a[None, :], L)
+    return L + (o_t[:, None] == o_t[None, :]).to(tl.float32)
+
+
+__all__ = [
+    "chunk_bounds", "load_rows", "load_vec", "load_gate", "row_of", "col_of", "gated_gram",
+    "gated_intra_grads", "unit_lower_inverse",
+]
