@@ -1,0 +1,180 @@
+"""Pieces shared by the chunked delta-rule forward and backward kernels.
+
+* ``ChunkIndex`` / ``chunk_indices``: which chunk of which sequence each program handles,
+  with the same chunk numbering in both directions (the ``h`` tensor of chunk-start states
+  is indexed by it).
+* ``DecayKind`` / ``GateKind``: the compile-time flags of the kernel family, read off the
+  shapes of ``g``, ``b`` and ``w``.
+* Tile sizes that both directions agree on, each with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels._utils import cdiv, next_power_of_2
+
+# Tokens per chunk. 64 is what fla and the KDA/GDN-2 papers use: the 64x64 triangular solve
+# fits one program, and the state pass does T/64 sequential steps. 16 and 32 are allowed for
+# small models and for tests.
+CHUNK_SIZE = 64
+ALLOWED_CHUNK_SIZES = (16, 32, 64)
+
+# Diagonal sub-block length inside a chunk. tl.dot needs every dim >= 16, and per-channel
+# decay is made safe by taking exponents relative to a row inside the same 16-token block.
+SUB_BLOCK = 16
+SUB_BLOCK_C = tl.constexpr(SUB_BLOCK)  # the same, readable inside @triton.jit code
+
+# Largest key dim held in registers by the state pass: four K-blocks of at most 128 rows.
+MAX_K = 512
+# Largest value dim (tiled over programs, so only memory bounds it; kept equal to fla's).
+MAX_V = 512
+
+# K-block rows of one state accumulator. 64 x 64 fp32 over 4 warps is 32 registers a thread;
+# K = 512 uses four 128-row blocks with a narrow V tile instead.
+STATE_BLOCK_K = 64
+STATE_BLOCK_K_WIDE = 128
+# At most this many fp32 state elements per program (64 registers a thread at 4 warps):
+# the V tile shrinks as K grows (K <= 128: 64 columns, K = 256: 32, K = 512: 16).
+STATE_TILE_ELEMS = 8192
+# Smallest V tile: tl.dot needs dims >= 16.
+MIN_BLOCK = 16
+
+
+class DecayKind:
+    NONE = 0  # DeltaNet
+    SCALAR = 1  # Gated DeltaNet: g [B, T, HV]
+    CHANNEL = 2  # KDA, GDN-2: g [B, T, HV, K]
+
+
+class GateKind:
+    SCALAR = 0  # beta [B, T, HV]
+    CHANNEL = 1  # GDN-2: b [B, T, HV, K] (erase) or w [B, T, HV, V] (write)
+
+
+def decay_kind(g: torch.Tensor | None) -> int:
+    if g is None:
+        return DecayKind.NONE
+    return DecayKind.SCALAR if g.dim() == 3 else DecayKind.CHANNEL
+
+
+def gate_kind(x: torch.Tensor) -> int:
+    return GateKind.SCALAR if x.dim() == 3 else GateKind.CHANNEL
+
+
+def key_blocks(K: int) -> tuple[int, int]:
+    """(BK, NK): K padded to a power of two and split into at most four register blocks."""
+    k_pad = max(next_power_of_2(K), MIN_BLOCK)
+    bk = min(k_pad, STATE_BLOCK_K if k_pad <= 4 * STATE_BLOCK_K else STATE_BLOCK_K_WIDE)
+    return bk, k_pad // bk
+
+
+def value_block(K: int, V: int) -> int:
+    """V tile of one state-pass program, so that the K x BV fp32 state stays in registers."""
+    k_pad = max(next_power_of_2(K), MIN_BLOCK)
+    return max(MIN_BLOCK, min(next_power_of_2(V), 64, STATE_TILE_ELEMS // k_pad))
+
+
+class ChunkIndex(NamedTuple):
+    """Chunk numbering shared by forward and backward.
+
+    ``offsets [N + 1]`` (int32, on the device): chunks before sequence ``n``;
+    ``indices [total, 2]`` (int32, on the device): (sequence, chunk within it) of each chunk;
+    ``total``: number of chunks, ``sum_n ceil(T_n / chunk_size)``.
+    Without ``cu_seqlens`` the chunks are ``B * ceil(T / chunk_size)``, ordered b-major.
+    """
+
+    offsets: torch.Tensor
+    indices: torch.Tensor
+    total: int
+
+
+def chunk_indices(
+    cu_seqlens: torch.Tensor | None,
+    batch: int,
+    seqlen: int,
+    chunk_size: int,
+    device: torch.device | None = None,
+) -> ChunkIndex:
+    """Chunk offsets per sequence and (sequence, chunk) pairs; ``cu_seqlens [N + 1]`` or ``batch x seqlen``."""
+    if cu_seqlens is None:
+        nt = cdiv(seqlen, chunk_size)
+        offsets = torch.arange(0, batch + 1, dtype=torch.int32, device=device) * nt
+        seq = torch.arange(batch, dtype=torch.int32, device=device).repeat_interleave(nt)
+        within = torch.arange(nt, dtype=torch.int32, device=device).repeat(batch)
+        return ChunkIndex(offsets, torch.stack([seq, within], 1), batch * nt)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    counts = (lens + chunk_size - 1) // chunk_size
+    offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+    total = int(offsets[-1].item())
+    seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
+    within = torch.arange(total, device=cu_seqlens.device) - offsets.to(torch.int64)[seq]
+    return ChunkIndex(offsets, torch.stack([seq, within], 1).to(torch.int32), total)
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+    """(bos, eos) as int64 token indices of sequence ``i_n`` in the packed [B*T] token axis."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _masked_exp(x, mask):
+    """exp(x) where ``mask``, 0 elsewhere, without evaluating exp on masked-out (possibly huge) x."""
+    return tl.exp(tl.where(mask, x, float("-inf")))
+
+
+# Pointer helpers: the int64 part of an offset is one scalar (first token ``tok0``, head); the
+# per-element parts (``rows`` within a chunk, ``cols``) stay int32, which keeps pointer tiles
+# cheap in registers while offsets past 2^31 elements stay exact.
+@triton.jit
+def _row_ptrs(base, tok0, rows, head, NHEADS: tl.constexpr, D: tl.constexpr, cols):
+    """[rows, cols] pointers into a [.., T, NHEADS, D] tensor, rows counted from token ``tok0``."""
+    return base + (tok0 * NHEADS + head) * D + (rows * (NHEADS * D))[:, None] + cols[None, :]
+
+
+@triton.jit
+def _col_ptrs(base, tok0, rows, head, NHEADS: tl.constexpr, D: tl.constexpr, cols):
+    """The transposed tile of ``_row_ptrs``: [cols, rows]."""
+    return base + (tok0 * NHEADS + head) * D + (rows * (NHEADS * D))[None, :] + cols[:, None]
+
+
+@triton.jit
+def _vec_ptrs(base, tok0, rows, head, NHEADS: tl.constexpr):
+    """[rows] pointers into a [.., T, NHEADS] tensor (per-token scalars: beta, scalar decay)."""
+    return base + tok0 * NHEADS + head + rows * NHEADS
+
+
+@triton.jit
+def _state_ptrs(base, row, i_hv, kb, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr):
+    o_k = kb * BK + tl.arange(0, BK)
+    ptrs = base + ((row * HV + i_hv) * K * V) + o_k[:, None] * V + o_v[None, :]
+    return ptrs, (o_k < K)[:, None] & (o_v < V)[None, :]
+
+
+@triton.jit
+def _load_state(h0, i_n, i_hv, kb, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, USE_INITIAL_STATE: tl.constexpr):
+    if USE_INITIAL_STATE:
+        p, m = _state_ptrs(h0, i_n, i_hv, kb, o_v, HV, K, V, BK)
+        return tl.load(p, mask=m, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BK, BV], dtype=tl.float32)
+
+
+@triton.jit
+def _store_state(base, row, b_s, i_hv, kb, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BK: tl.constexpr):
+    p, m = _state_ptrs(base, row, i_hv, kb, o_v, HV, K, V, BK)
+    tl.store(p, b_s, mask=m)

@@ -1,0 +1,604 @@
+"""Forward kernels of the delta-rule family (DeltaNet, Gated DeltaNet, KDA, GDN-2).
+
+Per token, on a float32 state ``S [K, V]`` per sequence and value head (DESIGN.md)::
+
+    S <- Diag(exp(g_t)) S;  r_t = S^T (b_t * k_t);  S <- S + k_t (w_t * v_t - r_t)^T;  o_t = S^T (scale q_t)
+
+Chunked form (chunk of ``BT`` tokens, ``G`` the in-chunk inclusive cumulative sum of ``g``,
+``E = b * k``, ``Z = w * v``, ``E_bar = E * exp(G)``)::
+
+    L    = strict_tril(E K^T  *  exp(G_t - G_s))          (channel-wise: sum over K inside)
+    A    = (I + L)^-1                                     (UT transform)
+    Y    = A E_bar,  U = A Z                              (WY factors; V_new = U - Y S)
+    Aqk  = scale * tril(Q K^T * exp(G_t - G_s))
+    O    = scale * (Q * exp(G)) S + Aqk V_new
+    S'   = Diag(exp(G_last)) S + (K * exp(G_last - G))^T V_new
+
+Two launches:
+
+1. ``_delta_chunk_prep_fwd_kernel``, one program per (chunk, value head): cumulative decay,
+   ``L`` and ``Aqk`` (with channel-wise decay: exponents relative to a row inside the same
+   16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
+2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
+   chunks in order with ``S`` in registers, writes ``O`` directly (the state pass and the
+   output are one sweep; ``V_new`` never goes through memory) and stores the chunk-start
+   states ``h`` for the backward.
+
+``_delta_recurrent_fwd_kernel`` is the token-by-token twin for decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, register_aot
+from lamina.kernels.delta_chunk_common import (
+    CHUNK_SIZE,
+    MIN_BLOCK,
+    STATE_TILE_ELEMS,
+    SUB_BLOCK_C,
+    DecayKind,
+    GateKind,
+    _col_ptrs,
+    _load_state,
+    _masked_exp,
+    _row_ptrs,
+    _seq_bounds,
+    _store_state,
+    _vec_ptrs,
+    chunk_indices,
+    decay_kind,
+    gate_kind,
+    key_blocks,
+    value_block,
+)
+
+# fp32 operands of tl.dot on a GPU default to TF32 (10-bit mantissa): too coarse for the
+# triangular solve (its error compounds over the chunk) and for fp32 inputs. tf32x3 splits
+# each operand in two TF32 halves and keeps tensor cores at about fp32 accuracy. bf16/fp16
+# operands ignore the setting.
+DOT_PRECISION = "tf32x3"
+# V tile of the preparation kernel's U = A Z loop (a [BT, 64] fp32 tile is 32 registers a thread).
+PREP_BLOCK_V = 64
+# K tile of the preparation kernel: it holds about ten [BT, BK] fp32 tiles (k, q, b*k, the
+# cumulative gate and their decayed copies) next to the [BT, BT] matrices; BK = 64 spilled on
+# sm_90 (static report), BK = 32 did not.
+PREP_BLOCK_K = 32
+
+
+def prep_key_blocks(K: int) -> tuple[int, int]:
+    """(BK, NK) of the preparation kernel's K loop."""
+    k_pad = max(next_power_of_2(K), MIN_BLOCK)
+    bk = min(k_pad, PREP_BLOCK_K if k_pad <= 256 else 2 * PREP_BLOCK_K)
+    return bk, k_pad // bk
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. per-chunk preparation
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _delta_chunk_prep_fwd_kernel(
+    q, k, v, g, b, w,
+    gcum, wy, u, aqk,
+    cu_seqlens, chunk_idx,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    SUB: tl.constexpr = SUB_BLOCK_C
+    NB: tl.constexpr = BT // SUB
+    DT = wy.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    i_c, i_hv = pid // HV, pid % HV
+    i_h = i_hv // (HV // H)
+    i_n = tl.load(chunk_idx + i_c * 2).to(tl.int64)
+    i_t = tl.load(chunk_idx + i_c * 2 + 1).to(tl.int64)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    t0 = i_t * BT
+    o_t = tl.arange(0, BT)
+    m_t = (t0 + o_t) < (eos - bos)
+    tok0 = bos + t0
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+
+    # -- cumulative log decay inside the chunk ------------------------------------------------
+    if DECAY == 1:
+        b_gs = tl.cumsum(tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32), axis=0)
+        tl.store(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), b_gs, mask=m_t)
+    if DECAY == 2:
+        for kb in tl.static_range(NK):
+            o_k = kb * BK + tl.arange(0, BK)
+            m = m_t[:, None] & (o_k < K)[None, :]
+            b_g = tl.load(_row_ptrs(g, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+            tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), tl.cumsum(b_g, axis=0), mask=m)
+        # the diagonal sub-blocks below read other rows of gcum written by other threads
+        tl.debug_barrier()
+    if ERASE == 0:
+        b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+
+    # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
+    b_L = tl.zeros([BT, BT], dtype=tl.float32)
+    b_Aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in tl.static_range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+        b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
+        if ERASE == 0:
+            b_e = b_k * b_beta[:, None]
+        else:
+            b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+        if DECAY == 2:
+            b_G = tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
+            # strictly block-lower part: rows of sub-block i against every earlier row, both
+            # factors taken relative to row r = i*SUB - 1 (exp(G_t - G_r) <= 1 for t > r,
+            # exp(G_r - G_s) <= 1 for s <= r)
+            for i in tl.static_range(1, NB):
+                r = i * SUB - 1
+                b_Gr = tl.sum(tl.where((o_t == r)[:, None], b_G, 0.0), 0)
+                in_i = (o_t >= i * SUB) & (o_t < i * SUB + SUB) & m_t
+                d_left = _masked_exp(b_G - b_Gr[None, :], in_i[:, None])
+                # (a sub-block of padding rows has no valid reference row: skip it)
+                use = (o_t <= r) & m_t & (t0 + i * SUB < eos - bos)
+                b_right = b_k * _masked_exp(b_Gr[None, :] - b_G, use[:, None])
+                b_right = tl.trans(b_right.to(DT))
+                b_L += tl.dot((b_e * d_left).to(DT), b_right, input_precision=DOT_PREC)
+                b_Aqk += tl.dot((b_q * d_left).to(DT), b_right, input_precision=DOT_PREC)
+            # diagonal sub-blocks, element-wise with exact exponents: column j of every
+            # sub-block at once (row t pairs with s = SUB * (t // SUB) + j <= t)
+            off = o_t % SUB
+            for j in range(0, SUB):
+                rows_j = (o_t // SUB) * SUB + j
+                m_j = ((t0 + rows_j) < (eos - bos))[:, None] & (o_k < K)[None, :]
+                b_kj = tl.load(_row_ptrs(k, tok0, rows_j, i_h, H, K, o_k), mask=m_j, other=0.0).to(tl.float32)
+                b_Gj = tl.load(_row_ptrs(gcum, tok0, rows_j, i_hv, HV, K, o_k), mask=m_j, other=0.0)
+                l_val = tl.sum(b_e * b_kj * _masked_exp(b_G - b_Gj, ((off > j) & m_t)[:, None]), 1)
+                q_val = tl.sum(b_q * b_kj * _masked_exp(b_G - b_Gj, ((off >= j) & m_t)[:, None]), 1)
+                sel = o_t[None, :] == rows_j[:, None]
+                b_L += tl.where(sel, l_val[:, None], 0.0)
+                b_Aqk += tl.where(sel, q_val[:, None], 0.0)
+        else:
+            b_kT = tl.trans(b_k.to(DT))
+            b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PREC)
+            b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PREC)
+    if DECAY != 2:
+        m_lower = o_t[:, None] > o_t[None, :]
+        m_lower_eq = o_t[:, None] >= o_t[None, :]
+        if DECAY == 1:
+            d = _masked_exp(b_gs[:, None] - b_gs[None, :], m_lower_eq)
+            b_L = b_L * d
+            b_Aqk = b_Aqk * d
+        b_L = tl.where(m_lower, b_L, 0.0)
+        b_Aqk = tl.where(m_lower_eq, b_Aqk, 0.0)
+    tl.store(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), b_Aqk.to(DT), mask=m_t[:, None])
+
+    # -- A = (I + L)^-1 -------------------------------------------------------------------------
+    # Block form: D = blockdiag(I + L) (16x16 blocks), N the strictly block-lower rest;
+    # (I + L)^-1 = (I + M)^-1 D^-1 with M = D^-1 N nilpotent (M^NB = 0), so
+    # (I + M)^-1 = I - M (NB = 2) or (I - M)(I + M^2) (NB = 4).
+    same = (o_t // SUB)[:, None] == (o_t // SUB)[None, :]
+    b_N = tl.where(same, 0.0, b_L)
+    b_Lbd = tl.where(same, b_L, 0.0)
+    # D^-1 by forward substitution inside every sub-block at once, kept transposed
+    # (b_DiT[c, m] = D^-1[m, c]) so that no step needs a layout change.
+    b_DiT = eye
+    for j in range(1, SUB):
+        row_of = (o_t // SUB) * SUB + j
+        coef = tl.sum(tl.where(o_t[:, None] == row_of[None, :], b_Lbd, 0.0), 0)
+        vals = -tl.sum(coef[None, :] * b_DiT, 1)
+        b_DiT = tl.where(o_t[None, :] == row_of[:, None], vals[:, None] + eye, b_DiT)
+    b_Di = tl.trans(b_DiT)
+    if NB == 1:
+        b_A = b_Di
+    else:
+        b_M = tl.dot(b_Di, b_N, input_precision=DOT_PREC)
+        if NB == 2:
+            b_P = eye - b_M
+        else:
+            b_M2 = tl.dot(b_M, b_M, input_precision=DOT_PREC)
+            b_P = tl.dot(eye - b_M, eye + b_M2, input_precision=DOT_PREC)
+        b_A = tl.dot(b_P, b_Di, input_precision=DOT_PREC)
+    b_Ad = b_A.to(DT)
+
+    # -- Y = A (E * exp(G)), U = A Z --------------------------------------------------------------
+    for kb in tl.static_range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+        if ERASE == 0:
+            b_e = b_k * b_beta[:, None]
+        else:
+            b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+        if DECAY == 1:
+            b_e = b_e * tl.exp(b_gs)[:, None]
+        if DECAY == 2:
+            b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
+        b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PREC)
+        tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
+    if WRITE == 0:
+        b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        o_v = vb * BV + tl.arange(0, BV)
+        m_z = m_t[:, None] & (o_v < V)[None, :]
+        b_z = tl.load(_row_ptrs(v, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
+        if WRITE == 0:
+            b_z = b_z * b_wbeta[:, None]
+        else:
+            b_z = b_z * tl.load(_row_ptrs(w, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
+        b_u = tl.dot(b_Ad, b_z.to(DT), input_precision=DOT_PREC)
+        tl.store(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), b_u.to(DT), mask=m_z)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. sequential state pass fused with the output
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+               DECAY: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc_v += Y_kb S_kb and acc_o += scale * (Q_kb * exp(G_kb)) S_kb for one K block."""
+    DT = wy.dtype.element_ty
+    o_k = kb * BK + tl.arange(0, BK)
+    m = m_t[:, None] & (o_k < K)[None, :]
+    b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
+    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
+    if DECAY == 1:
+        b_q = b_q * tl.exp(b_gs)[:, None]
+    if DECAY == 2:
+        b_q = b_q * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
+    b_sd = b_s.to(DT)
+    acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PREC)
+    acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PREC)
+    return acc_v, acc_o
+
+
+@triton.jit
+def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, kb,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                DECAY: tl.constexpr, DOT_PREC: tl.constexpr):
+    """S_kb <- Diag(exp(G_last)) S_kb + (K_kb * exp(G_last - G))^T V_new."""
+    DT = b_vnew.dtype
+    o_k = kb * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    mT = m_k[:, None] & m_t[None, :]
+    p_kT = _col_ptrs(k, tok0, o_t, i_h, H, K, o_k)
+    b_kT = tl.load(p_kT, mask=mT, other=0.0).to(tl.float32)
+    if DECAY == 1:
+        b_kT = b_kT * _masked_exp(g_last - b_gs, m_t)[None, :]
+        b_s = b_s * tl.exp(g_last)
+    if DECAY == 2:
+        b_GT = tl.load(_col_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=mT, other=0.0)
+        b_Gl = tl.load(gcum + (tok_last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
+        b_kT = b_kT * _masked_exp(b_Gl[:, None] - b_GT, mT)
+        b_s = b_s * tl.exp(b_Gl)[:, None]
+    b_s += tl.dot(b_kT.to(DT), b_vnew, input_precision=DOT_PREC)
+    return b_s
+
+
+@triton.jit
+def _delta_chunk_scan_fwd_kernel(
+    q, k, gcum, wy, u, aqk,
+    h0, o, ht, h,
+    cu_seqlens, chunk_offsets,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    DT = wy.dtype.element_ty
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v, i_nh = pid % NV, pid // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    seqlen = eos - bos
+    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+
+    b_s0 = _load_state(h0, i_n, i_hv, 0, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+    if NK > 1:
+        b_s1 = _load_state(h0, i_n, i_hv, 1, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+    if NK > 2:
+        b_s2 = _load_state(h0, i_n, i_hv, 2, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+    if NK > 3:
+        b_s3 = _load_state(h0, i_n, i_hv, 3, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+
+    for i_t in range(0, tl.cdiv(seqlen, BT)):
+        t0 = i_t * BT
+        m_t = (t0 + o_t) < seqlen
+        tok0 = bos + t0
+        tok_last = bos + tl.minimum(t0 + BT, seqlen) - 1
+        if SAVE_STATES:
+            _store_state(h, c0 + i_t, b_s0, i_hv, 0, o_v, HV, K, V, BK)
+            if NK > 1:
+                _store_state(h, c0 + i_t, b_s1, i_hv, 1, o_v, HV, K, V, BK)
+            if NK > 2:
+                _store_state(h, c0 + i_t, b_s2, i_hv, 2, o_v, HV, K, V, BK)
+            if NK > 3:
+                _store_state(h, c0 + i_t, b_s3, i_hv, 3, o_v, HV, K, V, BK)
+        b_gs = tl.zeros([BT], dtype=tl.float32)
+        g_last = 0.0
+        if DECAY == 1:
+            b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
+            g_last = tl.load(gcum + tok_last * HV + i_hv)
+        acc_v = tl.zeros([BT, BV], dtype=tl.float32)
+        acc_o = tl.zeros([BT, BV], dtype=tl.float32)
+        acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
+                                  H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 1:
+            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
+                                      H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 2:
+            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
+                                      H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 3:
+            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
+                                      H, HV, K, BK, DECAY, DOT_PREC)
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
+        b_vnew = (b_u - acc_v).to(DT)
+        b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
+        b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
+        tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
+        b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
+                           H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 1:
+            b_s1 = _scan_write(b_s1, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 1,
+                               H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 2:
+            b_s2 = _scan_write(b_s2, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 2,
+                               H, HV, K, BK, DECAY, DOT_PREC)
+        if NK > 3:
+            b_s3 = _scan_write(b_s3, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 3,
+                               H, HV, K, BK, DECAY, DOT_PREC)
+
+    if STORE_FINAL_STATE:
+        _store_state(ht, i_n, b_s0, i_hv, 0, o_v, HV, K, V, BK)
+        if NK > 1:
+            _store_state(ht, i_n, b_s1, i_hv, 1, o_v, HV, K, V, BK)
+        if NK > 2:
+            _store_state(ht, i_n, b_s2, i_hv, 2, o_v, HV, K, V, BK)
+        if NK > 3:
+            _store_state(ht, i_n, b_s3, i_hv, 3, o_v, HV, K, V, BK)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. token-by-token recurrence (decoding)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _delta_recurrent_fwd_kernel(
+    q, k, v, g, b, w,
+    h0, o, ht,
+    cu_seqlens,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v, i_nh = pid % NV, pid // NV
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_s = _load_state(h0, i_n, i_hv, 0, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+    for t in range(0, eos - bos):
+        tok = bos + t
+        b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32) * scale
+        b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        if DECAY == 1:
+            b_s = b_s * tl.exp(tl.load(g + tok * HV + i_hv).to(tl.float32))
+        if DECAY == 2:
+            b_gk = tl.load(g + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            b_s = b_s * tl.exp(b_gk)[:, None]
+        if ERASE == 0:
+            b_e = b_k * tl.load(b + tok * HV + i_hv).to(tl.float32)
+        else:
+            b_e = b_k * tl.load(b + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        if WRITE == 0:
+            b_z = b_v * tl.load(w + tok * HV + i_hv).to(tl.float32)
+        else:
+            b_z = b_v * tl.load(w + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_r = tl.sum(b_s * b_e[:, None], 0)
+        b_s += b_k[:, None] * (b_z - b_r)[None, :]
+        b_o = tl.sum(b_s * b_q[:, None], 0)
+        tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    if STORE_FINAL_STATE:
+        _store_state(ht, i_n, b_s, i_hv, 0, o_v, HV, K, V, BK)
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------
+def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[triton.Config]:
+    return [triton.Config({}, num_warps=nw, num_stages=ns) for nw in warps for ns in stages]
+
+
+# Autotune keys name dims, variant flags and chunk size only (tensor dtypes are added by the
+# autotuner): never T or the number of sequences, so a new varlen batch does not retune.
+_prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
+                     key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN"])(
+    _delta_chunk_prep_fwd_kernel)
+_scan_fwd = autotune(_warps_stages((4, 8), (1, 2, 3)),
+                     key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES"])(
+    _delta_chunk_scan_fwd_kernel)
+_recurrent_fwd = autotune(_warps_stages((1, 2, 4), (1,)),
+                          key=["H", "HV", "K", "V", "BV", "DECAY", "ERASE", "WRITE", "IS_VARLEN"])(
+    _delta_recurrent_fwd_kernel)
+
+
+def _flags(g: torch.Tensor | None, b: torch.Tensor, w: torch.Tensor) -> dict[str, int]:
+    return {"DECAY": decay_kind(g), "ERASE": gate_kind(b), "WRITE": gate_kind(w)}
+
+
+def _contig(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.contiguous()
+
+
+def delta_chunk_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int = CHUNK_SIZE,
+    save_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Chunked forward of the delta-rule family on already transformed inputs.
+
+    Inputs (l2norm, gate activation and beta sigmoid already applied by the caller):
+    ``q, k: [B, T, H, K]``; ``v: [B, T, HV, V]`` with ``HV % H == 0``;
+    ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]``, per-token log decay (not cumulated);
+    ``b: [B, T, HV] | [B, T, HV, K]`` erase gate; ``w: [B, T, HV] | [B, T, HV, V]`` write gate
+    (DeltaNet, GDN and KDA pass their beta as both); ``initial_state: [N, HV, K, V]`` float32;
+    ``cu_seqlens: [N + 1]`` int32/int64 with ``B == 1`` (validated by the caller).
+
+    Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None, h or None)``.
+    ``h``: chunk-start states, float32 ``[total_chunks, HV, K, V]``; chunks are numbered per
+    sequence as in ``delta_chunk_common.chunk_indices`` (``sum_n ceil(T_n / chunk_size)``, or
+    ``B * ceil(T / chunk_size)`` ordered b-major); ``h[c]`` is the state before chunk ``c``.
+    q, k, v share one dtype (fp32, fp16, bf16); accumulation is fp32.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = chunk_size
+    q, k, v, g, b, w = (_contig(x) for x in (q, k, v, g, b, w))
+    initial_state = _contig(initial_state)
+    index = chunk_indices(cu_seqlens, B, T, BT, device=q.device)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    flags = _flags(g, b, w)
+    BK, NK = key_blocks(K)
+    common = {"H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BK": BK, "NK": NK,
+              "IS_VARLEN": cu_seqlens is not None, "DOT_PREC": DOT_PRECISION}
+    gcum = None if g is None else torch.empty(g.shape, dtype=torch.float32, device=q.device)
+    wy = q.new_empty(B, T, HV, K)
+    u = q.new_empty(B, T, HV, V)
+    aqk = q.new_empty(B, T, HV, BT)
+    if index.total > 0:
+        BKP, NKP = prep_key_blocks(K)
+        _prep_fwd[(index.total * HV,)](
+            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
+            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), **flags, **{**common, "BK": BKP, "NK": NKP})
+    BV = value_block(K, V)
+    o = torch.empty_like(v)
+    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states else None
+    if N * HV > 0:
+        _scan_fwd[(N * HV * cdiv(V, BV),)](
+            q, k, gcum, wy, u, aqk, initial_state, o, ht, h, cu_seqlens, index.offsets, scale, T,
+            BV=BV, DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states, **common)
+    return o, ht, h
+
+
+def delta_recurrent_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token forward (decoding); same inputs as ``delta_chunk_fwd``.
+
+    One program per (sequence, value head, V tile) with the whole ``[K, BV]`` state in
+    registers. Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None)``.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    q, k, v, g, b, w = (_contig(x) for x in (q, k, v, g, b, w))
+    initial_state = _contig(initial_state)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BK = max(next_power_of_2(K), MIN_BLOCK)
+    BV = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BK))
+    o = torch.empty_like(v)
+    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    if N * HV > 0:
+        _recurrent_fwd[(N * HV * cdiv(V, BV),)](
+            q, k, v, g, b, w, initial_state, o, ht, cu_seqlens, scale, T,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **_flags(g, b, w), IS_VARLEN=cu_seqlens is not None,
+            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state)
+    return o, ht
+
+
+# ----------------------------------------------------------------------------------------------
+# static report: default configurations compiled ahead of time (lamina info --kernels)
+# ----------------------------------------------------------------------------------------------
+_VARIANTS = {  # name: (DECAY, ERASE, WRITE)
+    "delta": (DecayKind.NONE, GateKind.SCALAR, GateKind.SCALAR),
+    "gdn": (DecayKind.SCALAR, GateKind.SCALAR, GateKind.SCALAR),
+    "kda": (DecayKind.CHANNEL, GateKind.SCALAR, GateKind.SCALAR),
+    "gdn2": (DecayKind.CHANNEL, GateKind.CHANNEL, GateKind.CHANNEL),
+}
+# (K, V) of the registered shapes: the common 128, the widest fla supports, and K = 512.
+_AOT_DIMS = ((64, 64), (128, 128), (256, 256), (512, 128))
+_AOT_BT = CHUNK_SIZE
+
+
+def _register_aot_specs() -> None:
+    io = "*bf16"
+    for variant, (decay, erase, write) in _VARIANTS.items():
+        g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
+        for K, V in _AOT_DIMS:
+            BK, NK = key_blocks(K)
+            base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False}
+            label = f"{variant} bf16 K={K} V={V}"
+            BKP, NKP = prep_key_blocks(K)
+            prep_c = {**base, "BT": _AOT_BT, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "DECAY": decay,
+                      "ERASE": erase, "WRITE": write, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
+            if decay == DecayKind.NONE:
+                prep_c.update(g=None, gcum=None)
+            prep_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io, "u": io,
+                        "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
+            prep_sig.update({c: "constexpr" for c in prep_c if c not in prep_sig})
+            register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
+                                 num_warps=8, num_stages=1))
+            BV = value_block(K, V)
+            scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
+                      "STORE_FINAL_STATE": True, "SAVE_STATES": True, "DOT_PREC": DOT_PRECISION,
+                      "cu_seqlens": None}
+            if decay == DecayKind.NONE:
+                scan_c["gcum"] = None
+            scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
+                        "ht": "*fp32", "h": "*fp32", "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
+                        "scale": "fp32", "T": "i32"}
+            scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
+            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
+                                 scan_sig, scan_c, num_warps=4, num_stages=2))
+            BKr = max(next_power_of_2(K), MIN_BLOCK)
+            BVr = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BKr))
+            rec_c = {**base, "BK": BKr, "BV": BVr, "DECAY": decay, "ERASE": erase, "WRITE": write,
+                     "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "cu_seqlens": None}
+            if decay == DecayKind.NONE:
+                rec_c["g"] = None
+            rec_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "h0": "*fp32", "o": io,
+                       "ht": "*fp32", "cu_seqlens": "constexpr", "scale": "fp32", "T": "i32"}
+            rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
+            register_aot(AotSpec("delta_recurrent_fwd", f"{label} BV={BVr}", _delta_recurrent_fwd_kernel,
+                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False))
+
+
+_register_aot_specs()
