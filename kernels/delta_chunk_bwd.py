@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from lamina._validate import check_cu_seqlens, check_shape, check_tensor
-from lamina.kernels._utils import autotune, cdiv, next_power_of_2
+from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, raw_jit, register_aot
 from lamina.kernels.delta_chunk_bwd_parts import (
     chunk_bounds,
     gated_gram,
@@ -106,7 +106,7 @@ def _delta_chunk_bwd_prep_kernel(
             e_t = k_t * b_s[:, None]
         if DECAY == 2:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
-            P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, BT)
+            P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, L, BT)
             Pm += P1
             Mm += M1
         else:
@@ -120,7 +120,7 @@ def _delta_chunk_bwd_prep_kernel(
         Mm = Mm * gate
     Pm = tl.where(lower, Pm * scale, 0.0)
     Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
-    Am = unit_lower_inverse(Mm, o_t, BT)
+    Am = unit_lower_inverse(Mm, o_t, L, BT)
 
     rows = (t0 + o_t.to(tl.int64)) * (HV * BT) + i_hv * BT
     offs = rows[:, None] + o_t[None, :]
@@ -311,7 +311,7 @@ def _delta_chunk_bwd_dqk_kernel(
             g_last = row_of(G, o_t, BT - 1)
             gamma = tl.exp(G)
             tail = tl.exp(g_last[None, :] - G)
-            dq_in, de_in, dk_in = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, BT, BK)
+            dq_in, de_in, dk_in = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, BT, BK)
         else:
             if DECAY == 1:
                 G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
@@ -537,3 +537,52 @@ def delta_chunk_bwd(
     dw_out = None if w is None else (dw if write == 1 else reduce(dw, w))
     dh0_out = dh0 if initial_state is not None else None
     return dq, dk, dv, dg_out, db_out, dw_out, dh0_out
+
+
+# ----------------------------------------------------------------------------------------------------
+# static report: the default configuration of each kernel for the four variants
+# ----------------------------------------------------------------------------------------------------
+
+# (name, DECAY, ERASE, WRITE) of the variants the report compiles.
+_VARIANTS = (("deltanet", 0, 0, 0), ("gdn", 1, 0, 0), ("kda", 2, 0, 0), ("gdn2", 2, 1, 1))
+# The report's shape: bf16 activations, float32 gates and states, K = V = 128 (the common head size).
+_AOT_DIMS = dict(H=4, HV=4, K=128, V=128, BT=DEFAULT_CHUNK_SIZE)
+
+
+def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
+    act, f32, i32 = "*bf16", "*fp32", "*i32"
+    types = {
+        "q": act, "k": act, "v": act, "do": act, "dq": act, "dk": act, "dv": act,
+        "g": f32, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
+        "A_out": f32, "P_out": f32, "A_buf": f32, "P_buf": f32, "dh_buf": f32, "U_buf": f32, "dR_buf": f32,
+        "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
+        "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
+        "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
+    }
+    return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
+
+
+def _register_default_configs() -> None:
+    K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
+    blocks = {
+        _delta_chunk_bwd_prep_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK)),
+        _delta_chunk_bwd_dh_kernel: dict(BK=_pow2_block(K, MAX_HEAD_DIM_K), BV=scan_block_v(K, V),
+                                         USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
+        _delta_chunk_bwd_dqk_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
+    }
+    for fn, extra in blocks.items():
+        jit = raw_jit(fn)
+        config = fn.configs[0]
+        for variant, decay, erase, write in _VARIANTS:
+            constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
+                              DOT_PRECISION="tf32", **extra)
+            # per-channel decay builds the prep kernel's [BT, BT] products column by column, without tl.dot
+            uses_dot = not (fn is _delta_chunk_bwd_prep_kernel and decay == 2)
+            register_aot(AotSpec(
+                name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']}", fn=jit,
+                signature=_aot_signature(fn, decay, erase, write), constexprs=constexprs,
+                num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=uses_dot,
+            ))
+
+
+_register_default_configs()

@@ -79,14 +79,17 @@ def col_of(X, o_t, j):
 
 
 @triton.jit
-def gated_gram(X1, X2, Y, G, o_t, BT: tl.constexpr):
+def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
     """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), for two
-    left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``)."""
+    left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``).
+    Only the first ``n_rows`` rows are valid (a chunk's tail); columns past them stay 0."""
     R1 = tl.zeros([BT, BT], dtype=tl.float32)
     R2 = tl.zeros([BT, BT], dtype=tl.float32)
-    for j in range(BT):
-        y_j = row_of(Y, o_t, j)
-        g_j = row_of(G, o_t, j)
+    for j in range(0, tl.minimum(n_rows, BT)):
+        # rows extracted inline: a nested jit call per iteration is slow under the interpreter
+        row_j = (o_t == j)[:, None]
+        y_j = tl.sum(tl.where(row_j, Y, 0.0), 0)
+        g_j = tl.sum(tl.where(row_j, G, 0.0), 0)
         # exponents G_i - G_j with i >= j only: each is <= 0
         gate = tl.exp(tl.where((o_t >= j)[:, None], G - g_j[None, :], float("-inf")))
         yg = gate * y_j[None, :]
@@ -97,10 +100,10 @@ def gated_gram(X1, X2, Y, G, o_t, BT: tl.constexpr):
 
 
 @triton.jit
-def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, BT: tl.constexpr, BK: tl.constexpr):
+def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, BT: tl.constexpr, BK: tl.constexpr):
     """Back-propagation through ``gated_gram`` for ``P = gram(Q, K)`` (lower incl. diagonal) and
     ``M = gram(E, K)`` (strictly lower), given their gradients ``dP`` and ``dM`` (``[BT, BT]``,
-    already masked):
+    already masked; rows from ``n_rows`` on are padding and stay 0):
 
     ``dQ_i = sum_j dP_ij K_j e^(G_i - G_j)``, ``dE_i = sum_j dM_ij K_j e^(G_i - G_j)``,
     ``dK_j = sum_i (dP_ij Q_i + dM_ij E_i) e^(G_i - G_j)``.
@@ -108,26 +111,28 @@ def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, BT: tl.constexpr, BK: tl.constex
     dQ = tl.zeros([BT, BK], dtype=tl.float32)
     dE = tl.zeros([BT, BK], dtype=tl.float32)
     dK = tl.zeros([BT, BK], dtype=tl.float32)
-    for j in range(BT):
-        k_j = row_of(Kt, o_t, j)
-        g_j = row_of(G, o_t, j)
+    for j in range(0, tl.minimum(n_rows, BT)):
+        row_j = (o_t == j)[:, None]
+        col_j = (o_t == j)[None, :]
+        k_j = tl.sum(tl.where(row_j, Kt, 0.0), 0)
+        g_j = tl.sum(tl.where(row_j, G, 0.0), 0)
         gate = tl.exp(tl.where((o_t >= j)[:, None], G - g_j[None, :], float("-inf")))
-        p_j = col_of(dP, o_t, j)
-        m_j = col_of(dM, o_t, j)
+        p_j = tl.sum(tl.where(col_j, dP, 0.0), 1)
+        m_j = tl.sum(tl.where(col_j, dM, 0.0), 1)
         kg = gate * k_j[None, :]
         dQ += p_j[:, None] * kg
         dE += m_j[:, None] * kg
         dk_j = tl.sum((p_j[:, None] * Q + m_j[:, None] * E) * gate, 0)
-        dK = tl.where((o_t == j)[:, None], dk_j[None, :], dK)
+        dK = tl.where(row_j, dk_j[None, :], dK)
     return dQ, dE, dK
 
 
 @triton.jit
-def unit_lower_inverse(M, o_t, BT: tl.constexpr):
-    """``(I + M)^-1`` for a strictly lower triangular ``[BT, BT]`` ``M``, by forward substitution:
-    row ``i`` of the strictly lower part is ``L_i = -M_i - sum_{j<i} M_ij L_j``."""
+def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
+    """``(I + M)^-1`` for a strictly lower triangular ``[BT, BT]`` ``M`` (zero from row ``n_rows`` on),
+    by forward substitution: row ``i`` of the strictly lower part is ``L_i = -M_i - sum_{j<i} M_ij L_j``."""
     L = -M
-    for i in range(1, BT):
+    for i in range(1, tl.minimum(n_rows, BT)):
         sel = (o_t == i)[:, None]
         a = tl.sum(tl.where(sel, L, 0.0), 0)
         # a_j is 0 for j >= i, so only the finished rows L_j (j < i) contribute

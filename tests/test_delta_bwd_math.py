@@ -77,16 +77,10 @@ def recurrent_ref(q, k, v, g, b, w, scale, initial_state=None, cu_seqlens=None, 
             r = torch.einsum("hkv,hk->hv", S, e)
             S = S + k[i_b, t][..., None] * (z - r)[:, None, :]
             rows.append(torch.einsum("hkv,hk->hv", S, scale * q[i_b, t]))
-        outs.append((i_b, bos, eos, torch.stack(rows) if rows else v.new_zeros(0, HV, V)))
+        outs.append(torch.stack(rows) if rows else v.new_zeros(0, HV, V))
         finals.append(S)
-    o = torch.zeros(B, T, HV, V, dtype=F64, device=q.device)
-    parts = []
-    for i_b, bos, eos, rows in outs:
-        if cu_seqlens is None:
-            parts.append(rows[None])
-        else:
-            parts.append(rows)
-    o = torch.cat(parts, 0) if cu_seqlens is None else torch.cat(parts, 0)[None]
+    # dense: one [T, HV, V] block per batch row; varlen: the sequences concatenated along T (B == 1)
+    o = torch.stack(outs) if cu_seqlens is None else torch.cat(outs)[None]
     h = torch.stack(states) if chunk_size is not None and states else None
     return o, torch.stack(finals), h
 

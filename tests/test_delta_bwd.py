@@ -1,0 +1,182 @@
+"""The chunked delta-rule backward kernels (kernels/delta_chunk_bwd.py) under the Triton interpreter.
+
+Every gradient (dq, dk, dv, dg, db, dw, dinitial_state) is compared with torch autograd through the
+float64 recurrent reference, run on the same (quantised) inputs, with the RMS-ratio bound of
+tests/tolerances.py. ``h`` (the forward's chunk-start states) comes from the float64 recurrence, so
+these tests do not depend on the forward kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_delta_bwd_math import chunk_start_states, make_inputs, recurrent_ref
+from tolerances import assert_close
+
+GRAD_NAMES = ("dq", "dk", "dv", "dg", "db", "dw", "dinitial_state")
+# Variant flags (decay, erase, write): decay 0 none / 1 scalar / 2 per-K; erase, write 0 scalar / 1 per-channel.
+DELTANET, GDN, KDA, GDN2 = (0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 1, 1)
+
+
+def reference_forward(q, k, v, g, b, w, scale, initial_state, cu_seqlens):
+    """(o, final_state) in float64: lamina.reference's recurrence when it is importable, else ours."""
+    try:
+        from lamina.reference import delta_rule_family_recurrent_ref as ref
+    except (ImportError, AttributeError):
+        ref = None
+    if ref is None:
+        o, final, _ = recurrent_ref(q, k, v, g, b, w, scale, initial_state, cu_seqlens)
+        return o, final
+    return ref(q, k, v, g=g, erase=b, write=w, scale=scale, initial_state=initial_state,
+               output_final_state=True, cu_seqlens=cu_seqlens)
+
+
+def reference_grads(inputs, scale, cu_seqlens, do, dfinal):
+    leaves = [None if x is None else x.detach().double().requires_grad_() for x in inputs]
+    o, final = reference_forward(*leaves[:6], scale, leaves[6], cu_seqlens)
+    outs, grads = [o], [do.double()]
+    if dfinal is not None:
+        outs.append(final)
+        grads.append(dfinal.double())
+    torch.autograd.backward(outs, grads)
+    return [None if x is None else x.grad for x in leaves]
+
+
+def run_bwd(inputs, scale, cu_seqlens, do, dfinal, chunk_size):
+    from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
+
+    q, k, v, g, b, w, h0 = inputs
+    h = chunk_start_states(q, k, v, g, b, w, scale, h0, cu_seqlens, chunk_size)
+    return delta_chunk_bwd(q, k, v, g, b, w, scale, h0, h, do, dfinal, cu_seqlens, chunk_size)
+
+
+def build_case(B, T, H, HV, K, V, kinds, dtype=torch.float32, seqlens=None, init=True, final_grad=True,
+               gate_scale=1.0, beta=None):
+    decay, erase, write = kinds
+    q, k, v, g, b, w = make_inputs(B, T, H, HV, K, V, decay, erase, write, dtype=dtype, gate_scale=gate_scale)
+    if beta is not None:
+        b, w = torch.full_like(b, beta), torch.full_like(w, beta)
+    cu = None
+    if seqlens is not None:
+        cu = torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32)
+    N = B if cu is None else len(seqlens)
+    h0 = torch.randn(N, HV, K, V) if init else None
+    do = torch.randn(B, T, HV, V).to(dtype)
+    dfinal = torch.randn(N, HV, K, V) if final_grad else None
+    return (q, k, v, g, b, w, h0), cu, do, dfinal
+
+
+def check_case(inputs, cu, do, dfinal, chunk_size=64, scale=None):
+    q = inputs[0]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    got = run_bwd(inputs, scale, cu, do, dfinal, chunk_size)
+    want = reference_grads(inputs, scale, cu, do, dfinal)
+    for name, x, a, e in zip(GRAD_NAMES, inputs, got, want):
+        if x is None:
+            assert a is None, f"{name} must be None when its input is None"
+            continue
+        assert a.shape == x.shape and a.dtype == x.dtype, f"{name}: {a.shape}/{a.dtype} vs {x.shape}/{x.dtype}"
+        assert_close(name, a, e, kind="recurrence", dtype=q.dtype)
+    return got
+
+
+# (B, T, H, HV, K, V, kinds, init): T in {1, 17, 64, 100}, K/V in {32, 48, 64}, one K = 128, HV in {2, 4}.
+SHAPES = [
+    (2, 1, 2, 2, 32, 32, DELTANET, True),
+    (1, 17, 2, 4, 48, 32, DELTANET, False),
+    (1, 100, 2, 4, 64, 48, DELTANET, True),
+    (2, 1, 2, 4, 32, 48, GDN, True),
+    (1, 17, 2, 2, 64, 32, GDN, True),
+    (1, 100, 2, 2, 48, 64, GDN, True),
+    (1, 64, 2, 2, 128, 32, GDN, True),
+    (1, 1, 2, 2, 48, 32, KDA, True),
+    (1, 17, 2, 4, 32, 32, KDA, True),
+    (1, 100, 2, 2, 48, 32, KDA, False),
+    (1, 17, 2, 2, 48, 48, GDN2, True),
+    (1, 64, 2, 2, 64, 32, GDN2, True),
+    (1, 100, 2, 4, 32, 64, GDN2, False),
+    # flag combinations outside the four named variants
+    (1, 40, 2, 2, 32, 32, (1, 1, 0), True),
+    (1, 40, 2, 2, 32, 32, (0, 0, 1), True),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("B,T,H,HV,K,V,kinds,init", SHAPES)
+def test_bwd_fp32(B, T, H, HV, K, V, kinds, init):
+    check_case(*build_case(B, T, H, HV, K, V, kinds, init=init))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_varlen(kinds):
+    # three unequal sequences: one spans two chunks with a partial tail, one is a single token
+    HV = 4 if kinds[0] < 2 else 2
+    check_case(*build_case(1, 100, 2, HV, 32, 48, kinds, seqlens=[70, 1, 29]))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_low_precision(kinds, dtype):
+    check_case(*build_case(1, 100, 2, 4, 32, 48, kinds, dtype=dtype))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("chunk_size", [16, 32])
+def test_bwd_small_chunks(chunk_size):
+    check_case(*build_case(1, 70, 2, 4, 32, 32, GDN2, seqlens=[45, 25]), chunk_size=chunk_size)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kinds", [KDA, GDN2], ids=["kda", "gdn2"])
+def test_bwd_strong_channel_decay(kinds):
+    check_case(*build_case(1, 100, 2, 2, 32, 32, kinds, gate_scale=8.0))
+
+
+@pytest.mark.interpret
+def test_bwd_mixed_channels_finite_at_minus_20():
+    # half the channels barely decay, half decay by e^-20 per token: in-chunk exponents reach -1280
+    inputs, cu, do, dfinal = build_case(1, 80, 1, 1, 32, 32, GDN2)
+    g = inputs[3]
+    g[..., ::2] = -1e-3 * torch.rand_like(g[..., ::2])
+    g[..., 1::2] = -20.0
+    got = check_case(inputs, cu, do, dfinal)
+    assert all(bool(torch.isfinite(x).all()) for x in got if x is not None)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("kinds", [GDN, GDN2], ids=["gdn", "gdn2"])
+def test_bwd_beta_at_bounds(kinds, beta):
+    check_case(*build_case(1, 40, 2, 2, 32, 32, kinds, beta=beta))
+
+
+@pytest.mark.interpret
+def test_bwd_optional_inputs():
+    # no final-state gradient, no write gate (w = 1), scalar erase
+    inputs, cu, do, _ = build_case(1, 40, 2, 4, 32, 32, KDA, init=False)
+    q, k, v, g, b, _, h0 = inputs
+    check_case((q, k, v, g, b, None, h0), cu, do, None)
+
+
+@pytest.mark.interpret
+def test_bwd_deterministic():
+    inputs, cu, do, dfinal = build_case(1, 50, 2, 4, 32, 32, GDN2, seqlens=[30, 20])
+    scale = 32**-0.5
+    first = run_bwd(inputs, scale, cu, do, dfinal, 64)
+    second = run_bwd(inputs, scale, cu, do, dfinal, 64)
+    for name, a, c in zip(GRAD_NAMES, first, second):
+        assert torch.equal(a, c), f"{name} differs between two runs"
+
+
+@pytest.mark.interpret
+def test_bwd_b_and_w_same_tensor():
+    # the ops layer passes beta as both gates and adds db + dw
+    inputs, cu, do, dfinal = build_case(1, 40, 2, 2, 32, 32, GDN)
+    q, k, v, g, b, _, h0 = inputs
+    got = run_bwd((q, k, v, g, b, b, h0), 0.3, cu, do, dfinal, 64)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, g, b, h0)]
+    o, final = reference_forward(*leaves[:5], leaves[4], 0.3, leaves[5], cu)
+    torch.autograd.backward([o, final], [do.double(), dfinal.double()])
+    assert_close("dbeta", got[4] + got[5], leaves[4].grad, kind="recurrence", dtype=q.dtype)
