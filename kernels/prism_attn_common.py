@@ -1,0 +1,193 @@
+"""Head-dim pieces, tile configurations and shared ``@triton.jit`` helpers of the Prism attention kernels.
+
+Head dims run from 16 to 512 in steps of 8. ``tl.arange`` needs power-of-two lengths, and a
+512-wide fp32 accumulator does not fit one program's registers, so the head dim is cut into at
+most two power-of-two output *pieces*:
+
+* columns ``[0, next_pow2(D))`` when ``D <= PIECE_MAX`` (256);
+* otherwise ``[0, 256)`` and ``[256, 256 + next_pow2(D - 256))``.
+
+Reductions over the head dim (``Q K^T``, ``dO V^T``) run over chunks of ``BLOCK_DC`` columns
+(``reduction_chunk``), masked past D. Outputs
+(``O``, ``dQ``, ``dK``, ``dV``) are produced one piece per launch (``OUT_OFFSET``, ``BLOCK_DO``), so a
+program holds one accumulator of at most 256 columns. D = 320 is 256 + 64 (not padded to 512),
+D = 384 is 256 + 128, D = 512 is 256 + 256; D = 96 is one 128-wide piece with masked columns.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels._utils import INTERPRET, next_power_of_2
+
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 512
+HEAD_DIM_MULTIPLE = 8
+# Widest output piece: a [64, 256] fp32 accumulator over 8 warps is 64 registers a thread; the whole
+# 512 columns in one program spill (TRITON_ON_CPU.md section 2: 57 STL with 8 warps at BM=64).
+PIECE_MAX = 256
+# Smallest piece: tl.dot needs every operand dimension >= 16.
+PIECE_MIN = 16
+# Widest head dim whose query tile stays resident in a program (FlashAttention-2's regime).
+RESIDENT_MAX = 128
+# Chunk of the head dim for the Q K^T reduction above RESIDENT_MAX. Measured on sm_90 (bf16,
+# BLOCK_M = BLOCK_N = 64, 8 warps, D = 512, 256 output columns): the query held whole spills
+# (44 STL); 256- and 128-wide reloaded chunks spill (63 and 18 STL); 64-wide chunks use 230
+# registers and no spills.
+REDUCTION_CHUNK = 64
+
+LOG2E = 1.4426950408889634
+# The same constants as values a @triton.jit function can read.
+LOG2E_C = tl.constexpr(1.4426950408889634)
+LN2_C = tl.constexpr(0.6931471805599453)
+
+TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def output_pieces(head_dim: int) -> tuple[tuple[int, int], ...]:
+    """(column offset, BLOCK_DO) of every output piece; one launch writes each piece."""
+    if head_dim <= PIECE_MAX:
+        return ((0, max(PIECE_MIN, next_power_of_2(head_dim))),)
+    return ((0, PIECE_MAX), (PIECE_MAX, max(PIECE_MIN, next_power_of_2(head_dim - PIECE_MAX))))
+
+
+def reduction_chunk(head_dim: int) -> int:
+    """BLOCK_DC: width of the head-dim chunks that ``Q K^T`` and ``dO V^T`` are summed over.
+
+    Up to ``RESIDENT_MAX`` the whole (padded) head dim is one chunk and the query tile stays
+    resident in the program; wider heads are reduced in ``REDUCTION_CHUNK``-wide chunks reloaded
+    (from L1/L2) every key block, which keeps them out of the register file.
+    """
+    if head_dim <= RESIDENT_MAX:
+        return max(PIECE_MIN, next_power_of_2(head_dim))
+    return REDUCTION_CHUNK
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """Tile-configuration bucket: 64, 128, 256 or 512 (the smallest of those >= D)."""
+    for bucket in (64, 128, 256):
+        if head_dim <= bucket:
+            return bucket
+    return 512
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get full-precision products (a GPU would otherwise round them to TF32)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.cache
+def is_hopper() -> bool:
+    """True on sm_90 devices (separate tile choices could key on this; today both archs share them)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def keep_bucket_configs(table: dict[int, list[triton.Config]]):
+    """Autotune ``early_config_prune``: keep the configs listed for the launch's head-dim bucket."""
+
+    def prune(configs, named_args, **kwargs):
+        if INTERPRET:
+            return list(configs)
+        head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        allowed = {id(c) for c in table[head_dim_bucket(head_dim)]}
+        return [c for c in configs if id(c) in allowed]
+
+    return prune
+
+
+def all_configs(table: dict[int, list[triton.Config]]) -> list[triton.Config]:
+    return [c for bucket in sorted(table) for c in table[bucket]]
+
+
+def config_label(head_dim: int, piece: tuple[int, int], config: triton.Config) -> str:
+    tiles = "x".join(f"{k[6:]}{v}" for k, v in sorted(config.kwargs.items()))
+    return f"D{head_dim}-cols{piece[0]}+{piece[1]}-{tiles}-w{config.num_warps}-s{config.num_stages}"
+
+
+def aot_attrs(fn, signature: dict[str, str]) -> dict:
+    """Specialisations the launcher's arguments get at run time, for the static report.
+
+    Triton specialises pointer and integer arguments divisible by 16 (``tt.divisibility``); the
+    report must compile that variant, because it decides vectorised and asynchronous copies and so
+    registers and shared memory. Contiguous inputs have 16-divisible strides when H * D % 16 == 0.
+    """
+    names = [n for n, t in signature.items() if t.startswith("*") or n.startswith("stride")]
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
+
+
+# Head dims registered with the static report: one per bucket, plus the non-power-of-two splits.
+AOT_HEAD_DIMS = (64, 128, 192, 256, 320, 512)
+
+
+@triton.jit
+def load_tile(base, stride_r, offs_d, n_rows, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+              MASK_ROWS: tl.constexpr = True, MASK_COLS: tl.constexpr = True):
+    """Load rows ``[0, BLOCK_R)`` x columns ``offs_d`` of a row-major view starting at ``base``.
+
+    Rows ``>= n_rows`` and columns ``>= HEAD_DIM`` read as 0. ``base`` carries the int64 offset of
+    the tile; offsets inside a tile are int32 (a tile spans < 2**31 elements), which keeps the
+    address arithmetic out of the register budget. A mask known (constexpr) to be all-true is
+    dropped by the caller.
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    ptrs = base + (offs_r[:, None] * stride_r + offs_d[None, :])
+    if MASK_ROWS and MASK_COLS:
+        return tl.load(ptrs, mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif MASK_ROWS:
+        return tl.load(ptrs, mask=offs_r[:, None] < n_rows, other=0.0)
+    elif MASK_COLS:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def store_tile(base, value, stride_r, offs_d, n_rows, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr):
+    offs_r = tl.arange(0, BLOCK_R)
+    ptrs = base + (offs_r[:, None] * stride_r + offs_d[None, :])
+    mask = (offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def head_dot(a_res, a_blk, stride_a, n_a, b_blk, stride_b, n_b,
+             BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr,
+             A_RESIDENT: tl.constexpr, MASK_B_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``A B^T`` over the full head dim: fp32 [BLOCK_A, BLOCK_B].
+
+    ``a_blk``/``b_blk`` point at the first row of each tile (``n_a``/``n_b`` rows valid; B's rows are
+    masked only with ``MASK_B_ROWS``). With ``A_RESIDENT`` the head dim is one chunk and ``a_res`` is
+    the A tile already loaded; otherwise both operands are loaded chunk by chunk, and only a chunk
+    that reaches past ``HEAD_DIM`` masks its columns.
+    """
+    offs_c = tl.arange(0, BLOCK_DC)
+    if A_RESIDENT:
+        b = load_tile(b_blk, stride_b, offs_c, n_b, BLOCK_B, HEAD_DIM, MASK_B_ROWS, BLOCK_DC != HEAD_DIM)
+        acc = tl.dot(a_res, tl.trans(b), input_precision=DOT_PRECISION)
+    else:
+        acc = tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32)
+        for c in tl.static_range(0, HEAD_DIM, BLOCK_DC):
+            a = load_tile(a_blk, stride_a, c + offs_c, n_a, BLOCK_A, HEAD_DIM, True, c + BLOCK_DC > HEAD_DIM)
+            b = load_tile(b_blk, stride_b, c + offs_c, n_b, BLOCK_B, HEAD_DIM, MASK_B_ROWS,
+                          c + BLOCK_DC > HEAD_DIM)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def sequence_bounds(CU, b, seqlen, IS_VARLEN: tl.constexpr):
+    """(batch index, first row, length) of sequence ``b``, the first two as int64.
+
+    Packed (varlen) sequences live in batch 0 from row ``CU[b]``; otherwise sequence ``b`` is
+    batch ``b`` from row 0 with the fixed length ``seqlen``.
+    """
+    if IS_VARLEN:
+        start = tl.load(CU + b)
+        length = tl.load(CU + b + 1) - start
+        return (b * 0).to(tl.int64), start.to(tl.int64), length.to(tl.int32)
+    else:
+        return b.to(tl.int64), (b * 0).to(tl.int64), (b * 0 + seqlen).to(tl.int32)
