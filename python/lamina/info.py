@@ -102,7 +102,8 @@ def compile_spec(spec, arch: int) -> KernelReport:
     try:
         fn = raw_jit(spec.fn)
         report.module = getattr(fn, "__module__", "") or getattr(getattr(fn, "fn", None), "__module__", "")
-        src = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs)
+        # meta["attrs"]: argument specialisations (e.g. 16-divisible pointers/strides) the runtime would apply.
+        src = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.meta.get("attrs"))
         compiled = triton.compile(
             src,
             target=GPUTarget("cuda", arch, WARP_SIZE),
