@@ -22,7 +22,7 @@ from lamina.layers.prism import KVCache, PrismCache
 from lamina.layers.rotary import RotaryEmbedding, apply_rotary, rotary_positions
 from lamina.reference import attention_ref
 from lamina.schedule import PrismSchedule
-from tests.tolerances import assert_close
+from tests.tolerances import assert_attention_close, assert_close
 
 OP_MODULE = "lamina.ops.prism_attention"
 BACKEND = "torch"
@@ -45,7 +45,8 @@ def _sdpa_prism_attention(
     T, S, group = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
     mask = None
     if causal:
-        mask = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)
+        pos_k, pos_q = torch.arange(S, device=q.device), torch.arange(T, device=q.device)
+        mask = pos_k[None, :] <= pos_q[:, None] + (S - T)
     o = F.scaled_dot_product_attention(
         rearrange(q, "b t h d -> b h t d"),
         repeat(k, "b s hk d -> b (hk g) s d", g=group),
@@ -63,10 +64,15 @@ def _attention_op(monkeypatch):
     except ModuleNotFoundError as err:
         if err.name != OP_MODULE:
             raise
-        stand_in = types.ModuleType(OP_MODULE)
-        stand_in.prism_attention = _sdpa_prism_attention
-        monkeypatch.setitem(sys.modules, OP_MODULE, stand_in)
+        monkeypatch.setitem(sys.modules, OP_MODULE, _sdpa_module())
     yield
+
+
+def _sdpa_module() -> types.ModuleType:
+    stand_in = types.ModuleType(OP_MODULE)
+    stand_in.prism_attention = _sdpa_prism_attention
+    stand_in.IS_STAND_IN = True
+    return stand_in
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +91,9 @@ def rotary_ref(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     """RoPE as a complex rotation: channel pair (i, i + D/2) is the number x_i + 1j x_{i+D/2},
     multiplied by exp(1j * p * base^(-2i/D)). x: [B, T, H, D] float64, positions [T]."""
     D = x.shape[-1]
-    freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    rot = torch.polar(torch.ones(len(positions), D // 2, dtype=torch.float64), positions.double()[:, None] * freq)
+    freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = positions.to(x.device, torch.float64)[:, None] * freq
+    rot = torch.polar(torch.ones_like(angles), angles)
     z = torch.complex(x[..., : D // 2], x[..., D // 2 :]) * rot[None, :, None, :]
     return torch.cat((z.real, z.imag), dim=-1)
 
@@ -102,7 +109,7 @@ def attention_layer_ref(layer: PrismAttention, x: torch.Tensor, causal: bool = T
     k = rearrange(qkv[..., d : d + kv], "b t (h e) -> b t h e", h=layer.n_kv_heads)
     v = rearrange(qkv[..., d + kv :], "b t (h e) -> b t h e", h=layer.n_kv_heads)
     if layer.rotary is not None:
-        pos = torch.arange(x.shape[1])
+        pos = torch.arange(x.shape[1], device=x.device)
         q, k = rotary_ref(q, pos, layer.rotary.base), rotary_ref(k, pos, layer.rotary.base)
     o = attention_ref(q, k, v, causal=causal)
     out = rearrange(o, "b t h e -> b t (h e)") @ layer.out_proj.weight.double().T
@@ -409,3 +416,32 @@ def test_layer_attention_distance_follows_the_schedule():
     assert_close("layer 0 distance", per_layer[0], attention_distance(q, k, causal=True), kind="elementwise")
     with pytest.raises(ValueError, match="no PrismAttention layer"):
         layer_attention_distance(torch.nn.Linear(2, 2), ids)
+
+
+# ----------------------------------------------------------------------------- GPU (the real kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 256, 320, 512])
+def test_attention_layer_on_gpu_bf16(head_dim, monkeypatch):
+    """The layer on the real kernels (backend "auto") in bf16, forward and dx, against the float64
+    layer reference, within the FlashAttention bound set by PyTorch's own bf16 SDPA on the same layer."""
+    if getattr(sys.modules.get(OP_MODULE), "IS_STAND_IN", False):
+        pytest.fail("lamina.ops.prism_attention is missing: the GPU test needs the real op")
+    d_model = 2 * head_dim
+    layer = PrismAttention(d_model, 2, backend="auto", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 256, d_model, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(x)
+
+    def run(inp):
+        leaf = inp.detach().requires_grad_(True)
+        out = layer(leaf) if inp.dtype == torch.bfloat16 else attention_layer_ref(layer, leaf)
+        out.backward(dout.to(out.dtype))
+        return out.detach(), leaf.grad
+
+    out, dx = run(x)
+    ref, dx_ref = run(x.double())
+    monkeypatch.setitem(sys.modules, OP_MODULE, _sdpa_module())
+    lowp, dx_lowp = run(x)
+    assert_attention_close(f"out D={head_dim}", out, ref, lowp)
+    assert_attention_close(f"dx D={head_dim}", dx, dx_ref, dx_lowp, grad=True)
