@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from lamina.schedule import PrismSchedule
 NORMS = ("layernorm", "rmsnorm")
 
 
-def _attention_op():
+def _attention_op() -> Callable[..., torch.Tensor]:
     # Imported on first use so that building a module needs neither the op module nor triton.
     from lamina.ops.prism_attention import prism_attention
 
