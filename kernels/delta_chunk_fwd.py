@@ -558,6 +558,11 @@ _AOT_DIMS = ((64, 64), (128, 128), (256, 256), (512, 128))
 _AOT_BT = CHUNK_SIZE
 
 
+def _aligned(fn, signature: dict[str, str]) -> dict:
+    """What the JIT specialises for torch tensors: every pointer argument is 16-byte aligned."""
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+
+
 def _register_aot_specs() -> None:
     io = "*bf16"
     for variant, (decay, erase, write) in _VARIANTS.items():
@@ -575,7 +580,8 @@ def _register_aot_specs() -> None:
                         "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
             prep_sig.update({c: "constexpr" for c in prep_c if c not in prep_sig})
             register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
-                                 num_warps=8, num_stages=1))
+                                 num_warps=8, num_stages=1,
+                                 meta={"attrs": _aligned(_delta_chunk_prep_fwd_kernel, prep_sig)}))
             BV = value_block(K, V)
             scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
                       "STORE_FINAL_STATE": True, "SAVE_STATES": True, "DOT_PREC": DOT_PRECISION,
@@ -598,7 +604,8 @@ def _register_aot_specs() -> None:
                        "ht": "*fp32", "cu_seqlens": "constexpr", "scale": "fp32", "T": "i32"}
             rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
             register_aot(AotSpec("delta_recurrent_fwd", f"{label} BV={BVr}", _delta_recurrent_fwd_kernel,
-                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False))
+                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False,
+                                 meta={"attrs": _aligned(_delta_recurrent_fwd_kernel, rec_sig)}))
 
 
 _register_aot_specs()

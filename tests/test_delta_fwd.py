@@ -1,0 +1,194 @@
+"""Forward kernels of the delta-rule family (kernels/delta_chunk_fwd.py) under the Triton interpreter.
+
+Outputs, final states and chunk-start states of the chunked and token-by-token kernels are
+compared with the float64 recurrent reference (``lamina.reference.delta_rule_family_recurrent_ref``)
+run on the same quantised inputs, with the RMS-ratio bounds of tests/tolerances.py. The shape
+matrix is a covering set (not the full product): every T in {1, 17, 64, 100}, K/V in
+{32, 48, 64} plus one K = 128, HV in {2, 4} with H = 2, varlen with 3 unequal sequences, with
+and without initial state, fp32/fp16/bf16, and all four variants.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tolerances import assert_close
+
+pytestmark = pytest.mark.interpret
+
+# (decay, erase, write) kinds of the kernel family per variant: 0 none / 1 scalar / 2 per-K decay;
+# 0 scalar / 1 per-channel gates.
+VARIANTS = {"delta": (0, 0, 0), "gdn": (1, 0, 0), "kda": (2, 0, 0), "gdn2": (2, 1, 1)}
+
+
+def make_inputs(variant, B, T, H, HV, K, V, dtype=torch.float32, decay=(0.0, 1.0), varlen=None, h0=False,
+                seed=0):
+    """q, k (l2-normalised), v in ``dtype``; gates in float32; g ~ -U(decay); b, w ~ U(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    d, e, wr = VARIANTS[variant]
+    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    lo, hi = decay
+    g = None
+    if d:
+        shape = (B, T, HV) if d == 1 else (B, T, HV, K)
+        g = -(lo + (hi - lo) * torch.rand(shape, generator=gen))
+    b = torch.rand((B, T, HV) if e == 0 else (B, T, HV, K), generator=gen)
+    w = b if variant != "gdn2" else torch.rand(B, T, HV, V, generator=gen)
+    cu = None if varlen is None else torch.tensor(varlen, dtype=torch.int32)
+    N = B if cu is None else len(varlen) - 1
+    s0 = torch.randn(N, HV, K, V, generator=gen) if h0 else None
+    return q, k, v, g, b, w, s0, cu
+
+
+def reference(q, k, v, g, b, w, scale, s0, cu):
+    from lamina.reference import delta_rule_family_recurrent_ref
+
+    f64 = lambda x: None if x is None else x.double()
+    return delta_rule_family_recurrent_ref(f64(q), f64(k), f64(v), f64(g), f64(b), f64(w), scale, f64(s0), True, cu)
+
+
+def chunk_fwd(*args, **kw):
+    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
+
+    return delta_chunk_fwd(*args, **kw)
+
+
+def recurrent_fwd(*args, **kw):
+    from lamina.kernels.delta_chunk_fwd import delta_recurrent_fwd
+
+    return delta_recurrent_fwd(*args, **kw)
+
+
+def check_against_reference(variant, B, T, H, HV, K, V, dtype=torch.float32, chunk_size=64, **kw):
+    q, k, v, g, b, w, s0, cu = make_inputs(variant, B, T, H, HV, K, V, dtype, **kw)
+    scale = K ** -0.5
+    ref_o, ref_s = reference(q, k, v, g, b, w, scale, s0, cu)
+    o, s, h = chunk_fwd(q, k, v, g, b, w, scale, s0, True, cu, chunk_size=chunk_size)
+    assert o.dtype == v.dtype and s.dtype == torch.float32
+    assert_close("o", o, ref_o, dtype=dtype)
+    assert_close("final_state", s, ref_s, dtype=dtype)
+    return (q, k, v, g, b, w, s0, cu), h
+
+
+# variant, B, T, H, HV, K, V, dtype, extra
+CHUNK_CASES = [
+    ("delta", 1, 1, 2, 2, 32, 32, torch.float32, {"h0": True}),
+    ("delta", 2, 17, 2, 4, 48, 32, torch.float32, {}),
+    ("delta", 1, 100, 2, 2, 64, 48, torch.float16, {"varlen": [0, 13, 77, 100], "h0": True}),
+    ("gdn", 1, 64, 2, 2, 64, 64, torch.float32, {"h0": True}),
+    ("gdn", 1, 100, 2, 4, 32, 48, torch.float16, {"varlen": [0, 40, 41, 100]}),
+    ("gdn", 2, 100, 2, 4, 48, 32, torch.bfloat16, {"h0": True}),
+    ("kda", 1, 17, 2, 4, 32, 64, torch.float32, {}),
+    ("kda", 1, 100, 2, 2, 48, 32, torch.float32, {"varlen": [0, 30, 31, 100], "h0": True}),
+    ("kda", 1, 64, 2, 2, 128, 32, torch.float32, {"h0": True}),
+    ("kda", 1, 100, 2, 2, 32, 32, torch.bfloat16, {"decay": (0.0, 8.0)}),
+    ("gdn2", 1, 100, 2, 2, 64, 48, torch.float32, {"h0": True}),
+    ("gdn2", 2, 17, 2, 4, 32, 32, torch.float16, {}),
+    ("gdn2", 1, 100, 2, 2, 32, 32, torch.float32, {"varlen": [0, 50, 60, 100], "decay": (0.0, 8.0)}),
+]
+
+
+@pytest.mark.parametrize("variant,B,T,H,HV,K,V,dtype,extra", CHUNK_CASES,
+                         ids=[f"{c[0]}-T{c[2]}-HV{c[4]}-K{c[5]}-V{c[6]}-{str(c[7])[6:]}-{i}"
+                              for i, c in enumerate(CHUNK_CASES)])
+def test_chunk_forward_matches_reference(variant, B, T, H, HV, K, V, dtype, extra):
+    check_against_reference(variant, B, T, H, HV, K, V, dtype, **extra)
+
+
+@pytest.mark.parametrize("variant,chunk_size", [("gdn", 16), ("kda", 32), ("gdn2", 16)])
+def test_small_chunk_sizes(variant, chunk_size):
+    check_against_reference(variant, 1, 40, 2, 2, 32, 32, chunk_size=chunk_size, h0=True, decay=(0.0, 4.0))
+
+
+def test_chunk_start_states_match_prefix_states():
+    """h[c] is the state before chunk c, numbered per sequence (varlen, chunk size 16)."""
+    BT, offs = 16, [0, 20, 21, 55]
+    (q, k, v, g, b, w, s0, cu), h = check_against_reference(
+        "gdn2", 1, 55, 2, 2, 32, 32, chunk_size=BT, varlen=offs, h0=True)
+    expected = []
+    for n in range(len(offs) - 1):
+        start, end = offs[n], offs[n + 1]
+        for c in range(-(-(end - start) // BT)):
+            stop = start + c * BT
+            if c == 0:
+                expected.append(s0[n].double())
+                continue
+            prefix = [None if x is None else x[:, start:stop] for x in (q, k, v, g, b, w)]
+            _, s = reference(*prefix, 32 ** -0.5, s0[n:n + 1], None)
+            expected.append(s[0])
+    assert h.shape == (len(expected), 2, 32, 32)
+    assert_close("h", h, torch.stack(expected), dtype=torch.float32)
+
+
+def test_strong_and_mixed_channel_decay():
+    """Per-channel decay with near-zero and strong (-20 per token) channels stays finite and exact."""
+    q, k, v, _, b, w, s0, _ = make_inputs("kda", 1, 256, 1, 1, 16, 16, h0=True)
+    g = torch.full((1, 256, 1, 16), -1e-3)
+    g[..., ::2] = -20.0
+    g[..., 1::4] = -torch.rand(1, 256, 1, 4) * 8
+    ref_o, ref_s = reference(q, k, v, g, b, w, 0.25, s0, None)
+    o, s, _ = chunk_fwd(q, k, v, g, b, w, 0.25, s0, True, None)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert_close("o", o, ref_o)
+    assert_close("final_state", s, ref_s)
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_gates_at_zero_and_one(value):
+    q, k, v, g, b, w, s0, _ = make_inputs("gdn2", 1, 40, 2, 2, 32, 32, h0=True)
+    b, w = torch.full_like(b, value), torch.full_like(w, value)
+    ref_o, ref_s = reference(q, k, v, g, b, w, 0.2, s0, None)
+    o, s, _ = chunk_fwd(q, k, v, g, b, w, 0.2, s0, True, None)
+    assert_close("o", o, ref_o)
+    assert_close("final_state", s, ref_s)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_gdn2_with_broadcast_beta_is_kda_bitwise(recurrent):
+    q, k, v, g, beta, _, s0, _ = make_inputs("kda", 1, 70, 2, 2, 32, 48, h0=True)
+    b = beta[..., None].expand(-1, -1, -1, 32).contiguous()
+    w = beta[..., None].expand(-1, -1, -1, 48).contiguous()
+    run = recurrent_fwd if recurrent else lambda *a: chunk_fwd(*a)[:2]
+    o_kda, s_kda = run(q, k, v, g, beta, beta, 0.3, s0, True, None)
+    o_gdn2, s_gdn2 = run(q, k, v, g, b, w, 0.3, s0, True, None)
+    assert torch.equal(o_kda, o_gdn2) and torch.equal(s_kda, s_gdn2)
+
+
+RECURRENT_CASES = [
+    ("delta", 2, 1, 2, 4, 32, 32, torch.float32, {"h0": True}),
+    ("gdn", 1, 17, 2, 2, 48, 64, torch.float16, {"varlen": [0, 5, 6, 17], "h0": True}),
+    ("kda", 1, 17, 2, 4, 64, 32, torch.bfloat16, {"h0": True}),
+    ("gdn2", 1, 17, 2, 2, 32, 48, torch.float32, {"varlen": [0, 9, 10, 17]}),
+]
+
+
+@pytest.mark.parametrize("variant,B,T,H,HV,K,V,dtype,extra", RECURRENT_CASES, ids=[c[0] for c in RECURRENT_CASES])
+def test_recurrent_forward_matches_reference(variant, B, T, H, HV, K, V, dtype, extra):
+    q, k, v, g, b, w, s0, cu = make_inputs(variant, B, T, H, HV, K, V, dtype, **extra)
+    ref_o, ref_s = reference(q, k, v, g, b, w, 0.2, s0, cu)
+    o, s = recurrent_fwd(q, k, v, g, b, w, 0.2, s0, True, cu)
+    assert o.dtype == v.dtype
+    assert_close("o", o, ref_o, dtype=dtype)
+    assert_close("final_state", s, ref_s, dtype=dtype)
+
+
+def test_no_final_state_and_no_saved_states():
+    q, k, v, g, b, w, _, _ = make_inputs("gdn", 1, 20, 2, 2, 32, 32)
+    o, s, h = chunk_fwd(q, k, v, g, b, w, 0.2, None, False, None, save_states=False)
+    assert s is None and h is None
+    ref_o, _ = reference(q, k, v, g, b, w, 0.2, None, None)
+    assert_close("o", o, ref_o)
+
+
+def test_chunk_indices_numbering():
+    from lamina.kernels.delta_chunk_common import chunk_indices
+
+    idx = chunk_indices(torch.tensor([0, 20, 21, 55, 55]), 1, 55, 16)
+    assert idx.total == 2 + 1 + 3 + 0
+    assert idx.offsets.tolist() == [0, 2, 3, 6, 6]
+    assert idx.indices.tolist() == [[0, 0], [0, 1], [1, 0], [2, 0], [2, 1], [2, 2]]
+    dense = chunk_indices(None, 2, 33, 16)
+    assert dense.total == 6 and dense.offsets.tolist() == [0, 3, 6]
+    assert dense.indices.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
