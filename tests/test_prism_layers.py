@@ -227,6 +227,20 @@ def test_kv_cache_decoding_equals_full_forward(n_heads, n_kv_heads):
     assert_close("decode vs full", torch.cat(steps, dim=1), full, kind="elementwise")
 
 
+@pytest.mark.interpret
+def test_kv_cache_decoding_on_triton_kernels():
+    """The same decode-vs-full check through the Triton kernels (interpreter on CPU): the cached steps
+    are the T != S bottom-right-causal cases of the kernel."""
+    layer = PrismAttention(64, 4, 2, backend="triton")
+    x = torch.randn(1, 12, 64)
+    full = layer(x)
+    cache = KVCache()
+    steps = [layer(x[:, :5], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(5, 8)]
+    steps.append(layer(x[:, 8:], cache=cache))
+    assert_close("triton decode vs full", torch.cat(steps, dim=1), full, kind="elementwise")
+    assert_close("triton vs float64", full, attention_layer_ref(layer, x).float(), kind="elementwise")
+
+
 def test_varlen_equals_separate_sequences():
     layer = PrismAttention(64, 2, backend=BACKEND)
     lengths = [3, 6, 1, 5]
@@ -280,9 +294,10 @@ def test_attention_bad_construction(args, kwargs, exc, pattern):
         PrismAttention(*args, **kwargs)
 
 
-def test_attention_without_rotary_accepts_odd_head_dim():
-    layer = PrismAttention(36, 4, rotary=False, backend=BACKEND)
-    x = torch.randn(1, 5, 36)
+def test_attention_without_rotary():
+    layer = PrismAttention(96, 4, rotary=False, backend=BACKEND)
+    assert layer.rotary is None
+    x = torch.randn(1, 5, 96)
     assert_close("no rotary", layer(x), attention_layer_ref(layer, x).float(), kind="elementwise")
 
 

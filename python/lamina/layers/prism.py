@@ -110,7 +110,8 @@ class PrismAttention(nn.Module):
 
     Args:
         d_model: model width; the query and output projections are ``d_model x d_model``.
-        n_heads: query heads H; must divide ``d_model``.
+        n_heads: query heads H; must divide ``d_model``. The head dim ``d_model // n_heads`` must be
+            one ``lamina.prism_attention`` runs (multiples of 8 from 16 to 512); the op checks it.
         n_kv_heads: key/value heads HKV (GQA/MQA); must divide ``n_heads``. Default ``n_heads``.
         rotary: apply rotary embeddings to q and k (needs an even head dim).
         rope_base: rotary frequency base.
