@@ -1,0 +1,136 @@
+"""FLOP and byte formulas of the benchmark suite, against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from lamina.bench import specs
+from lamina.bench.specs import MODES, OPS, get_op, shape_label, shapes_for
+
+
+def test_delta_rule_flops_and_bytes_by_hand():
+    # B=1, T=64, H=HV=1, K=V=64, bf16, chunk C=64. Per token and head:
+    # 6KV = 24576, 6CK = 24576, 4CV = 16384, C^2/3 = 1365.33...  -> 66901.33 ; x 64 tokens.
+    p = specs.delta_shape(1, 64, 1, 64, "bf16")
+    fwd = 64 * (24576 + 24576 + 16384 + 4096 / 3)
+    spec = get_op("delta_rule")
+    assert spec.flops(p, "fwd") == pytest.approx(fwd)
+    assert spec.flops(p, "bwd") == pytest.approx(2 * fwd)
+    assert spec.flops(p, "fwd+bwd") == pytest.approx(3 * fwd)
+    # q, k: 2 * 64 * 64 = 8192; v: 4096; beta: 64 -> inputs 12352; o: 4096; 2 bytes each.
+    assert spec.bytes(p, "fwd") == 2 * (12352 + 4096)
+    # backward reads inputs and dO, writes one gradient per input.
+    assert spec.bytes(p, "bwd") == 2 * (12352 + 4096 + 12352)
+    assert spec.bytes(p, "fwd+bwd") == 2 * (12352 + 4096) + 2 * (12352 + 4096 + 12352)
+
+
+def test_gdn2_counts_channel_gates_and_value_heads():
+    # B=2, T=8, H=2, HV=4, K=16, V=32, fp32.
+    p = specs.delta_shape(2, 8, 2, 16, "fp32", HV=4, V=32)
+    # per token and value head: 6*16*32 + 6*64*16 + 4*64*32 + 64*64/3 ; 16 tokens x 4 value heads.
+    assert get_op("gdn2").flops(p, "fwd") == pytest.approx(64 * (3072 + 6144 + 8192 + 4096 / 3))
+    # q, k: 2*2*8*2*16 = 1024; v: 2*8*4*32 = 2048; g, b: 2*8*4*16 = 1024 each; w: 2048; o: 2048.
+    assert get_op("gdn2").bytes(p, "fwd") == 4 * (1024 + 2048 + 1024 + 1024 + 2048 + 2048)
+
+
+def test_gated_and_kda_gate_sizes():
+    p = specs.delta_shape(1, 10, 3, 8, "fp32", V=4)
+    base = 2 * 10 * 3 * 8 + 10 * 3 * 4 + 10 * 3 * 4  # q, k, v, o
+    assert get_op("gated_delta_rule").bytes(p, "fwd") == 4 * (base + 30 + 30)  # g and beta per head
+    assert get_op("kda").bytes(p, "fwd") == 4 * (base + 30 * 8 + 30)  # g per K channel, beta per head
+
+
+def test_varlen_shape_packs_tokens():
+    p = specs.delta_shape(0, 0, 2, 16, "fp32", seqlens=(24, 40))
+    assert (p["B"], p["T"]) == (1, 64)
+    assert shape_label("delta_rule", p) == "varlen2x64x2x16 fp32"
+    dense = specs.delta_shape(1, 64, 2, 16, "fp32")
+    assert get_op("kda").flops(p, "fwd") == get_op("kda").flops(dense, "fwd")
+
+
+def test_attention_flops_and_bytes_by_hand():
+    # B=1, T=4, H=2, HKV=1, D=8, causal, bf16: 4*5/2 = 10 visible pairs per head.
+    p = specs.attn_shape(1, 4, 2, 8, "bf16", HKV=1)
+    spec = get_op("prism_attention")
+    assert spec.flops(p, "fwd") == 4 * 1 * 2 * 10 * 8
+    assert spec.flops(p, "bwd") == 2.5 * 640
+    # q = o = 1*4*2*8 = 64 elements; k + v = 2*1*4*1*8 = 64.
+    assert spec.bytes(p, "fwd") == 2 * (64 + 64 + 64)
+    # q, k, v, o, dO in; dq, dk, dv out; float32 lse [1, 2, 4] read.
+    assert spec.bytes(p, "bwd") == 2 * (64 * 3 + 64 + 64 + 64) + 4 * 8
+
+
+def test_attention_decode_is_not_causal():
+    p = specs.attn_shape(2, 1, 2, 8, "fp32", causal=False, Tk=16)
+    assert get_op("attention_decode").flops(p, "fwd") == 4 * 2 * 2 * 16 * 8
+    with pytest.raises(ValueError, match="Tq == Tk"):
+        get_op("attention_decode").flops({**p, "causal": True}, "fwd")
+
+
+def test_hrm_fallback_formulas_by_hand():
+    p = specs.hrm_shape(4, 8, "fp32")
+    # 32 elements x (8 gate/blend + 4 norm) FLOPs.
+    assert specs.hrm_flops_fallback(p, "fwd") == 32 * 12
+    # h, c, gate in and y out (4 x 32) + bias and weight (16), 4 bytes each.
+    assert specs.hrm_bytes_fallback(p, "fwd") == 4 * (128 + 16)
+    assert specs.hrm_bytes_fallback(p, "bwd") == 4 * (7 * 32 + 32)
+
+
+def test_hrm_spec_uses_the_op_modules_counts_when_present():
+    ops = pytest.importorskip("lamina.ops.hrm_update", reason="lamina.ops.hrm_update is not importable here")
+    import torch
+
+    p = specs.hrm_shape(8192, 4096, "bf16")
+    spec = get_op("hrm_update")
+    for mode in MODES:
+        assert spec.flops(p, mode) == ops.hrm_update_flops((8192, 4096), norm=True, mode=mode)
+        assert spec.bytes(p, mode) == ops.hrm_update_bytes((8192, 4096), torch.bfloat16, norm=True, mode=mode,
+                                                          param_dtype=torch.bfloat16)
+
+
+def test_hrm_spec_falls_back_when_the_op_module_is_missing(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lamina.ops.hrm_update", None)
+    p = specs.hrm_shape(4, 8, "fp32")
+    assert get_op("hrm_update").flops(p, "fwd") == specs.hrm_flops_fallback(p, "fwd")
+    assert get_op("hrm_update").bytes(p, "bwd") == specs.hrm_bytes_fallback(p, "bwd")
+
+
+def test_gdn_decode_by_hand():
+    p = specs.decode_shape(2, 2, 4, "fp32")
+    assert get_op("gdn_decode").flops(p, "fwd") == 7 * 2 * 2 * 4 * 4
+    # float32 state read and written: 2 * 4 * (2*2*16); q, k, v, o: 4 x 16 elements; g, beta: 2 x 4.
+    assert get_op("gdn_decode").bytes(p, "fwd") == 2 * 4 * 64 + 4 * (4 * 16 + 8)
+
+
+def test_unknown_names_and_modes_fail_with_a_sentence():
+    with pytest.raises(ValueError, match="unknown op 'nope'; known ops: delta_rule"):
+        get_op("nope")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        get_op("kda").flops(specs.delta_shape(1, 8, 1, 8, "fp32"), "backward")
+    with pytest.raises(ValueError, match="shape set must be one of"):
+        shapes_for("kda", "huge")
+
+
+def test_standard_shapes_are_the_issue_shapes():
+    labels = [shape_label("kda", p) for p in shapes_for("kda", "standard")]
+    for b, t, h, d in ((1, 8192, 96, 128), (2, 16384, 16, 128), (4, 2048, 16, 128), (4, 4096, 64, 128),
+                       (8, 2048, 32, 256), (8, 1024, 8, 64)):
+        assert f"{b}x{t}x{h}x{d} bf16" in labels
+    assert any(label.startswith("varlen") for label in labels)
+    assert [p["D"] for p in shapes_for("prism_attention", "standard")] == [64, 128, 256, 320, 512]
+    assert all((p["B"], p["Tq"], p["causal"]) == (4, 4096, True) for p in shapes_for("prism_attention", "standard"))
+    assert [(p["N"], p["D"]) for p in shapes_for("hrm_update", "standard")] == [(8192, 4096)]
+    assert [p["B"] for p in shapes_for("gdn_decode", "standard")] == [1, 16, 64]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_every_op_has_every_shape_set_and_positive_counts(op):
+    spec = get_op(op)
+    for shape_set in specs.SHAPE_SETS:
+        shapes = shapes_for(op, shape_set)
+        assert shapes, f"{op} has no {shape_set} shapes"
+        for p in shapes:
+            for mode in spec.modes:
+                assert spec.flops(p, mode) > 0 and spec.bytes(p, mode) > 0
