@@ -67,6 +67,7 @@ setup(
             "numpy<2.4",  # the Triton interpreter fails on runtime-bound loops with numpy 2.4
             "fla-core==0.6.0",
             "ruff",
+            "matplotlib",  # tests/test_bench_cli.py renders `lamina bench plot` PNGs
         ],
         "bench": ["matplotlib", "rich"],
     },
