@@ -44,6 +44,13 @@ def _seed():
     yield
 
 
+# torch caches its list of factory functions the first time a device context (``with torch.device(...)``)
+# is used; build that cache with the real functions before ``torch.empty`` is patched, or the patched
+# function lands in it and ``with torch.device("meta")`` silently allocates on the CPU.
+import torch.utils._device  # noqa: E402
+
+torch.utils._device._device_constructors()
+
 _real_empty = torch.empty
 _real_empty_like = torch.empty_like
 _real_new_empty = torch.Tensor.new_empty
