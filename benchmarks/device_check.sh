@@ -8,6 +8,9 @@
 # `timeout`, and the steps share one total budget (TOTAL_BUDGET_S, default 450 s, under the
 # 8 minutes one device call may take). A failed step is recorded and the next one runs.
 #
+# SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_INFO=1 leave a step out (a benchmark-only call gives the
+# suite the whole budget: SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=420).
+#
 # DRY_RUN=1: every step that can run without a GPU runs on the CPU (pip's dry-run install,
 # pytest -m gpu (all skipped), the suite on tiny CPU shapes, the static kernel report); the
 # CUDA build is skipped. CI uses this to keep the script working.
@@ -114,6 +117,8 @@ run_step install "$INSTALL_TIMEOUT" "$SETUP_LOG" "${PIP[@]}" -e .
 # ---- 2. CUDA extension (JIT build with ninja) ----------------------------------------------
 if [ "$DRY_RUN" = "1" ]; then
     skip_step build_cuda "DRY_RUN: no nvcc build"
+elif [ "${SKIP_BUILD:-0}" = "1" ]; then
+    skip_step build_cuda "SKIP_BUILD=1"
 else
     run_step build_cuda "$BUILD_TIMEOUT" "$SETUP_LOG" env LAMINA_BUILD_CUDA=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
         MAX_JOBS="$(nproc)" "${PIP[@]}" -e .
@@ -121,10 +126,15 @@ else
 fi
 
 # ---- 3. GPU tests --------------------------------------------------------------------------
-# shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
-run_step pytest_gpu "$PYTEST_TIMEOUT" "$OUT/pytest_gpu.log" "$PYTHON" -m pytest $PYTEST_ARGS
+if [ "${SKIP_PYTEST:-0}" = "1" ]; then
+    skip_step pytest_gpu "SKIP_PYTEST=1"
+else
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
+    run_step pytest_gpu "$PYTEST_TIMEOUT" "$OUT/pytest_gpu.log" "$PYTHON" -m pytest $PYTEST_ARGS
+fi
 
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
+if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
 bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
 if [ "$bench_limit" -gt "$BENCH_TIMEOUT" ]; then bench_limit=$BENCH_TIMEOUT; fi
 bench_budget=$(( bench_limit - BENCH_SLACK_S ))
@@ -134,7 +144,11 @@ run_step bench "$bench_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUN
     "$PYTHON" -m lamina.cli bench $BENCH_ARGS --out "$OUT/bench.jsonl" --time-budget "$bench_budget"
 
 # ---- 5. static kernel report on this machine -----------------------------------------------
-run_step info_kernels "$INFO_TIMEOUT" "$OUT/info_kernels.log" "$PYTHON" -m lamina.cli info --kernels
+if [ "${SKIP_INFO:-0}" = "1" ]; then
+    skip_step info_kernels "SKIP_INFO=1"
+else
+    run_step info_kernels "$INFO_TIMEOUT" "$OUT/info_kernels.log" "$PYTHON" -m lamina.cli info --kernels
+fi
 
 # ---- 6. summary ----------------------------------------------------------------------------
 SUMMARY="$OUT/summary.txt"

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lamina.bench.providers import PROVIDERS
-from lamina.bench.specs import MODES, OPS, QUICK_CUDA_SHAPES, QUICK_OPS, SHAPE_SETS
+from lamina.bench.specs import MODES, OPS, QUICK_CUDA_SHAPES, QUICK_OPS, RUN_ORDER, SHAPE_SETS
 from lamina.bench.timing import TimingConfig
 
 SUBCOMMANDS = ("providers", "ceilings", "summary", "plot")
@@ -98,7 +98,7 @@ def _run(argv: list[str]) -> int:
         cpu_min_run_s=args.cpu_min_run_s if args.cpu_min_run_s is not None else timing.cpu_min_run_s,
         slow_call_s=timing.slow_call_s,
     )
-    cfg = SuiteConfig(device=device, ops=ops or list(OPS), providers=providers or list(PROVIDERS),
+    cfg = SuiteConfig(device=device, ops=ops or list(RUN_ORDER), providers=providers or list(PROVIDERS),
                       shape_set=args.shapes or ("standard" if device == "cuda" else "small"),
                       modes=modes or None, timing=timing, time_budget_s=args.time_budget,
                       measure_ceilings=not args.no_ceilings, tiny_ceilings=args.shapes == "tiny")

@@ -311,6 +311,10 @@ OPS["attention_decode"] = OpSpec(
 )
 
 SHAPE_SETS = ("standard", "small", "quick", "tiny")
+# Default run order: cheap ops first, so that under a time budget (each op gets the remaining time over
+# the remaining ops) what they leave unused flows to the expensive ones.
+RUN_ORDER = ("hrm_update", "gdn_decode", "attention_decode", "gated_delta_rule", "kda", "gdn2", "delta_rule",
+             "prism_attention")
 # What `lamina bench --quick` runs (op, mode) on each device; shapes from the "quick" set on CPU.
 QUICK_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "cpu": (("delta_rule", "fwd"), ("gated_delta_rule", "fwd"), ("prism_attention", "fwd"), ("hrm_update", "fwd")),
