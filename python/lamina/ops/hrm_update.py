@@ -277,13 +277,14 @@ def _validate(h, c, gate_logits, bias, norm_weight, eps, out, backend) -> None:
         raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
     if backend not in BACKENDS:
         raise ValueError(f"{OP}: backend must be one of {BACKENDS}, got {backend!r}")
+    if out is not None:
+        check_tensor("out", out, dtypes=None)
     check_same_device(h=h, c=c, gate_logits=gate_logits, bias=bias, norm_weight=norm_weight, out=out)
     if out is not None:
         _validate_out(out, h, c, gate_logits, bias, norm_weight)
 
 
 def _validate_out(out, h, c, gate_logits, bias, norm_weight) -> None:
-    check_tensor("out", out, dtypes=None)
     if out.shape != h.shape:
         raise ValueError(f"out must have the shape of h {tuple(h.shape)}, got {tuple(out.shape)}")
     if out.dtype != h.dtype:
