@@ -1,0 +1,300 @@
+"""Core of the delta-rule ops: validation, input transforms, the Triton custom ops and dispatch.
+
+The public functions (``lamina.chunk_delta_rule`` and friends, ``lamina.ops.delta_rule``) all
+reduce to one call, ``delta_rule_core``, on transformed inputs:
+
+* ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``;
+* ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]`` log decay (after any gate activation);
+* ``b`` (erase) ``[B, T, HV] | [B, T, HV, K]`` and ``w`` (write) ``[B, T, HV] | [B, T, HV, V]``,
+  the same tensor for DeltaNet, GDN and KDA (after any beta sigmoid).
+
+Paths (``lamina._dispatch.select_backend``):
+
+* ``"triton"``: ``lamina::delta_rule_fwd`` / ``lamina::delta_rule_bwd``, two
+  ``torch.library.custom_op`` s with fake implementations and ``register_autograd``, wrapping
+  ``kernels.delta_chunk_fwd`` (chunked or token-by-token forward) and
+  ``kernels.delta_chunk_bwd``. The token-by-token forward keeps no chunk states; its backward
+  first recomputes them with the chunked forward, so both forwards share one backward.
+* ``"torch"``: ``lamina.reference.delta_rule_family_chunk_ref`` (chunked) or
+  ``delta_rule_family_recurrent_ref`` (token loop), plain differentiable PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lamina._dispatch import select_backend
+from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_shape, check_tensor
+
+# Chunk sizes of the kernels (tl.dot needs >= 16; 64 is the default, as in fla).
+CHUNK_SIZES = (16, 32, 64)
+DEFAULT_CHUNK_SIZE = 64
+# Largest key head dim: the backward kernels hold up to 256 (fla's limit too); the forward alone
+# reaches 512 (four 128-row state blocks), so K <= 512 is accepted when no gradient is needed.
+MAX_K_TRAIN = 256
+MAX_K_FORWARD = 512
+# Largest value head dim (tiled over programs; bounded to keep the fp32 state per head in check).
+MAX_V = 512
+# fla's l2norm: x / sqrt(sum(x^2) + eps).
+L2NORM_EPS = 1e-6
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def validate_inputs(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, tuple[torch.Tensor | None, tuple[int, ...] | None]],
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int,
+) -> int:
+    """Check shapes, dtypes and devices at the public boundary; returns N (number of sequences).
+
+    ``gates`` maps an argument name to ``(tensor, expected shape)``; a None tensor is skipped.
+    """
+    check_tensor("q", q, ndim=4)
+    check_tensor("k", k, ndim=4)
+    check_tensor("v", v, ndim=4)
+    B, T, H, K = q.shape
+    check_shape("k", k, (B, T, H, K), "like q [B, T, H, K]")
+    if v.shape[0] != B or v.shape[1] != T:
+        raise ValueError(f"v must have shape [B={B}, T={T}, HV, V] like q, got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H != 0:
+        raise ValueError(f"v: the number of value heads HV={HV} must be a multiple of H={H} (q/k heads)")
+    if k.dtype != q.dtype:
+        raise ValueError(f"k must have the dtype of q ({q.dtype}), got {k.dtype}")
+    if K > MAX_K_FORWARD or K < 1:
+        raise ValueError(f"q/k head dim K must be in [1, {MAX_K_FORWARD}], got {K}")
+    if V > MAX_V or V < 1:
+        raise ValueError(f"v head dim V must be in [1, {MAX_V}], got {V}")
+    for name, (x, shape) in gates.items():
+        if x is None:
+            continue
+        check_tensor(name, x)
+        if shape is not None:
+            check_shape(name, x, shape)
+    check_same_device(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                      **{n: x for n, (x, _) in gates.items()})
+    N = check_cu_seqlens(cu_seqlens, B, T)
+    if initial_state is not None:
+        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        check_tensor("initial_state", initial_state, ndim=4, dtypes=allowed)
+        check_shape("initial_state", initial_state, (N, HV, K, V), "[N, HV, K, V]")
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    return N
+
+
+def check_flag_args(op: str, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+
+
+# --- input transforms (PyTorch ops, so autograd differentiates them on every backend) ------------
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2, -1) + eps)`` over the head dim, computed in fp32, returned in x.dtype."""
+    xf = x.float() if x.dtype != torch.float64 else x
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+def beta_activation(beta: torch.Tensor, use_sigmoid: bool, allow_neg_eigval: bool) -> torch.Tensor:
+    """``sigmoid(beta)`` (times 2 with ``allow_neg_eigval``) when ``use_sigmoid``, else ``beta``."""
+    if not use_sigmoid:
+        return beta
+    out = torch.sigmoid(beta.float() if beta.dtype != torch.float64 else beta)
+    return out * 2 if allow_neg_eigval else out
+
+
+def gate_activation(
+    g: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    lower_bound: float | None = None,
+) -> torch.Tensor:
+    """fla 0.6's gates, in float32 (float64 for float64 input), broadcast over the last dims of g.
+
+    ``g [B, T, HV]`` (GDN): ``-exp(A_log) * softplus(g + dt_bias)``, ``A_log, dt_bias [HV]``.
+    ``g [B, T, HV, K]`` (KDA, GDN-2): the same per channel with ``A_log [HV]``,
+    ``dt_bias [HV * K]``; with ``lower_bound``: ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``
+    (``A_log`` optional there).
+    """
+    acc = torch.float64 if g.dtype == torch.float64 else torch.float32
+    x = g.to(acc)
+    if dt_bias is not None:
+        x = x + dt_bias.to(acc).view(g.shape[2:])
+    a = None if A_log is None else A_log.to(acc).view(-1, *([1] * (g.dim() - 3)))
+    if lower_bound is not None:
+        if a is not None:
+            x = a.exp() * x
+        return lower_bound * torch.sigmoid(x)
+    return -a.exp() * F.softplus(x)
+
+
+def check_gate_params(
+    HV: int, width: int | None, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+    need_A_log: bool,
+) -> None:
+    """``A_log [HV]``; ``dt_bias [HV]`` (scalar gate) or ``HV * width`` elements (per-channel gate)."""
+    if A_log is None:
+        if need_A_log:
+            raise ValueError("A_log must be given when use_gate_in_kernel=True (shape [HV])")
+    else:
+        check_tensor("A_log", A_log)
+        if A_log.numel() != HV:
+            raise ValueError(f"A_log must have HV={HV} elements, got shape {tuple(A_log.shape)}")
+    if dt_bias is not None:
+        check_tensor("dt_bias", dt_bias)
+        n = HV if width is None else HV * width
+        if dt_bias.numel() != n:
+            raise ValueError(f"dt_bias must have {n} elements ([HV] or [HV * K]), got shape {tuple(dt_bias.shape)}")
+
+
+# --- Triton path: custom ops ---------------------------------------------------------------------
+
+def _none_if_empty(x: torch.Tensor) -> torch.Tensor | None:
+    return None if x.numel() == 0 and x.dim() == 1 else x
+
+
+def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+@torch.library.custom_op(
+    "lamina::delta_rule_fwd", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
+           "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states) "
+           "-> (Tensor, Tensor, Tensor)")
+def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
+            save_states):
+    """(o, final_state or [0], h or [0]): empty 1-d tensors stand for None (ops return tensors)."""
+    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd, delta_recurrent_fwd
+
+    if recurrent:
+        o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)
+        h = None
+    else:
+        o, ht, h = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                                   chunk_size=chunk_size, save_states=save_states)
+    empty = q.new_zeros(0, dtype=torch.float32)
+    return o, (empty if ht is None else ht), (empty.clone() if h is None else h)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
+              save_states):
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = _n_sequences(q, cu_seqlens)
+    o = torch.empty_like(v)
+    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    if recurrent or not save_states:
+        h = q.new_empty(0, dtype=torch.float32)
+    else:
+        n_chunks = B * (-(-T // chunk_size)) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+        h = q.new_empty(n_chunks, HV, K, V, dtype=torch.float32)
+    return o, ht, h
+
+
+@torch.library.custom_op(
+    "lamina::delta_rule_bwd", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
+           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size):
+    """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0])."""
+    from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
+    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
+
+    if _none_if_empty(h) is None:  # token-by-token forward: recompute the chunk-start states
+        _, _, h = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
+                                  chunk_size=chunk_size, save_states=True)
+    dq, dk, dv, dg, db, dw, dh0 = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, do.contiguous(),
+                                                  dht, cu_seqlens, chunk_size)
+    empty = q.new_zeros(0, dtype=torch.float32)
+    return (dq, dk, dv, empty if dg is None else dg, db, dw,
+            empty.clone() if (dh0 is None or initial_state is None) else dh0)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size):
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            empty if g is None else torch.empty_like(g), torch.empty_like(b), torch.empty_like(w),
+            empty.clone() if initial_state is None else torch.empty_like(initial_state))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _ = inputs
+    ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2])
+    ctx.scale, ctx.chunk_size = scale, chunk_size
+
+
+def _backward(ctx, do, dht, _dh):
+    # one gradient per input of lamina::delta_rule_fwd:
+    # q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent, save_states
+    q, k, v, g, b, w, initial_state, cu_seqlens, h = ctx.saved_tensors
+    dht = _none_if_empty(dht) if dht is not None else None
+    do = torch.zeros_like(v) if do is None else do
+    dq, dk, dv, dg, db, dw, dh0 = _bwd_op(q, k, v, g, b, w, ctx.scale, initial_state, h, do, dht, cu_seqlens,
+                                          ctx.chunk_size)
+    return (dq, dk, dv, _none_if_empty(dg) if g is not None else None, db, dw, None,
+            dh0 if initial_state is not None else None, None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- dispatch ------------------------------------------------------------------------------------
+
+def delta_rule_core(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int,
+    recurrent: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``."""
+    path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
+    if path == "torch":
+        from lamina.reference.delta_rule import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
+
+        if recurrent:
+            return delta_rule_family_recurrent_ref(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                                   cu_seqlens)
+        return delta_rule_family_chunk_ref(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                           cu_seqlens, chunk_size)
+    if q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
+                         "use backend='torch' for float64")
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
+    if needs_grad and q.shape[-1] > MAX_K_TRAIN:
+        raise ValueError(f"{op}: K={q.shape[-1]} > {MAX_K_TRAIN} is supported for inference only "
+                         "(the backward kernels hold K <= 256)")
+    if initial_state is not None:
+        initial_state = initial_state.float()
+    o, ht, _ = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
+                       chunk_size, recurrent, needs_grad and not recurrent)
+    return o, (ht if output_final_state else None)
+
+
+__all__ = [
+    "CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "FLOAT_DTYPES", "beta_activation", "check_flag_args", "check_gate_params",
+    "delta_rule_core", "gate_activation", "l2norm", "validate_inputs",
+]

@@ -1,0 +1,333 @@
+"""The delta-rule ops (lamina.chunk_* and lamina.fused_recurrent_*): fla semantics of the gate options,
+dispatch, gradients through the Triton path, custom-op registration and torch.compile, bad input.
+
+Triton paths run under the interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tolerances import assert_close
+
+import lamina
+from lamina.ops.delta_rule_core import beta_activation, gate_activation, l2norm
+
+B, T, H, HV, K, V = 1, 24, 2, 4, 32, 32
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(dtype)
+
+
+def base_inputs(dtype=torch.float32):
+    return rand(B, T, H, K, dtype=dtype, seed=1), rand(B, T, H, K, dtype=dtype, seed=2), \
+        rand(B, T, HV, V, dtype=dtype, seed=3)
+
+
+# --- gate semantics against fla 0.6's own formulas ---------------------------------------------
+
+def test_gate_formulas_match_fla():
+    from fla.ops.gated_delta_rule.gate import naive_gdn_gate
+    from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate
+
+    g3, g4 = rand(2, 5, HV, seed=4), rand(2, 5, HV, K, seed=5)
+    A_log, bias3, bias4 = rand(HV, seed=6), rand(HV, seed=7), rand(HV * K, seed=8)
+    assert_close("gdn gate", gate_activation(g3, A_log, bias3), naive_gdn_gate(g3, A_log, bias3), kind="elementwise")
+    assert_close("kda gate", gate_activation(g4, A_log, bias4), naive_kda_gate(g4, A_log, bias4), kind="elementwise")
+    assert_close("kda bounded gate", gate_activation(g4, A_log, bias4, lower_bound=-4.0),
+                 naive_kda_lowerbound_gate(g4, A_log, bias4, lower_bound=-4.0), kind="elementwise")
+    assert_close("kda bounded gate without A_log", gate_activation(g4, None, bias4, lower_bound=-3.0),
+                 naive_kda_lowerbound_gate(g4, None, bias4, lower_bound=-3.0), kind="elementwise")
+    beta = rand(2, 5, HV, seed=9)
+    assert torch.equal(beta_activation(beta, False, False), beta)
+    assert_close("2 sigmoid", beta_activation(beta, True, True), 2 * torch.sigmoid(beta), kind="elementwise")
+    x = rand(3, 7, K, seed=10)
+    assert_close("l2norm", l2norm(x), x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6), kind="elementwise")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_kda_with_all_options_matches_fla_naive(recurrent):
+    from fla.ops.kda.naive import naive_recurrent_kda
+
+    q, k, v = base_inputs()
+    g, beta = rand(B, T, HV, K, seed=11), rand(B, T, HV, seed=12)
+    A_log, dt_bias, h0 = rand(HV, seed=13), rand(HV * K, seed=14), rand(B, HV, K, V, seed=15)
+    fn = lamina.fused_recurrent_kda if recurrent else lamina.chunk_kda
+    o, s = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+              use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+              allow_neg_eigval=True, backend="triton")
+    qn, kn = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
+    gf = -A_log.exp()[:, None] * F.softplus(g + dt_bias.view(HV, K))
+    # fla's naive KDA is written for HV == H: expand q and k to the value heads
+    rep = lambda x: x.repeat_interleave(HV // H, dim=2).double()
+    ref_o, ref_s = naive_recurrent_kda(rep(qn), rep(kn), v.double(), gf.double(), 2 * torch.sigmoid(beta.double()),
+                                       scale=K ** -0.5, initial_state=h0.double(), output_final_state=True)
+    assert_close("o", o, ref_o)
+    assert_close("final_state", s, ref_s)
+
+
+@pytest.mark.interpret
+def test_gdn2_matches_fla_naive():
+    from fla.ops.gdn2.naive import naive_recurrent_gdn2
+
+    q, k, v = base_inputs()
+    g, b, w = -torch.rand(B, T, HV, K) * 3, torch.rand(B, T, HV, K) * 2, torch.rand(B, T, HV, V)
+    o, s = lamina.chunk_gdn2(q, k, v, g, b, w, output_final_state=True, chunk_size=16, backend="triton")
+    rep = lambda x: x.repeat_interleave(HV // H, dim=2).double()
+    ref_o, ref_s = naive_recurrent_gdn2(rep(q), rep(k), v.double(), g.double(), b.double(), w.double(),
+                                        scale=K ** -0.5, output_final_state=True)
+    assert_close("o", o, ref_o)
+    assert_close("final_state", s, ref_s)
+
+
+# --- dispatch and the torch path ---------------------------------------------------------------
+
+CALLS = {
+    "delta": lambda q, k, v, g, b, w, **kw: lamina.chunk_delta_rule(q, k, v, b[..., 0], **kw),
+    "gdn": lambda q, k, v, g, b, w, **kw: lamina.chunk_gated_delta_rule(q, k, v, g[..., 0], b[..., 0], **kw),
+    "kda": lambda q, k, v, g, b, w, **kw: lamina.chunk_kda(q, k, v, g, b[..., 0], **kw),
+    "gdn2": lambda q, k, v, g, b, w, **kw: lamina.chunk_gdn2(q, k, v, g, b, w, **kw),
+}
+RECURRENT_CALLS = {
+    "delta": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_delta_rule(q, k, v, b[..., 0], **kw),
+    "gdn": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_gated_delta_rule(q, k, v, g[..., 0], b[..., 0],
+                                                                                   **kw),
+    "kda": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_kda(q, k, v, g, b[..., 0], **kw),
+    "gdn2": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_gdn2(q, k, v, g, b, w[..., :V], **kw),
+}
+
+
+def family_inputs(dtype=torch.float32):
+    q, k, v = base_inputs(dtype)
+    g = -torch.rand(B, T, HV, K, generator=torch.Generator().manual_seed(20)) * 2
+    b = torch.rand(B, T, HV, K, generator=torch.Generator().manual_seed(21))
+    w = torch.rand(B, T, HV, V, generator=torch.Generator().manual_seed(22))
+    h0 = rand(B, HV, K, V, seed=23)
+    return q, k, v, g, b, w, h0
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", list(CALLS))
+def test_triton_and_torch_backends_agree_with_gradients(variant):
+    """Forward and every gradient of the Triton path against autograd through the float64 torch path."""
+    inputs = family_inputs()
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    leaves64 = [x.detach().double().requires_grad_() for x in inputs]
+    do, ds = rand(B, T, HV, V, seed=24), rand(B, HV, K, V, seed=25)
+    outs = []
+    for xs, backend in ((leaves, "triton"), (leaves64, "torch")):
+        o, s = CALLS[variant](*xs[:6], initial_state=xs[6], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                              chunk_size=16, backend=backend)
+        ((o * do.to(o.dtype)).sum() + (s * ds.to(s.dtype)).sum()).backward()
+        outs.append((o, s))
+    assert_close("o", outs[0][0], outs[1][0])
+    assert_close("final_state", outs[0][1], outs[1][1])
+    names = ["q", "k", "v", "g", "b", "w", "initial_state"]
+    for name, a, e in zip(names, leaves, leaves64):
+        if e.grad is None:  # an input the variant does not use (g of DeltaNet, w outside GDN-2)
+            assert a.grad is None, name
+            continue
+        assert a.grad is not None, name
+        assert_close(f"d{name}", a.grad, e.grad)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", ["gdn", "gdn2"])
+def test_recurrent_ops_match_chunk_ops_and_differentiate(variant):
+    inputs = family_inputs()
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    o, s = RECURRENT_CALLS[variant](*leaves[:6], initial_state=leaves[6], output_final_state=True,
+                                    backend="triton")
+    (o.sum() + s.sum()).backward()
+    leaves64 = [x.detach().double().requires_grad_() for x in inputs]
+    o2, s2 = CALLS[variant](*leaves64[:6], initial_state=leaves64[6], output_final_state=True, backend="torch")
+    (o2.sum() + s2.sum()).backward()
+    assert_close("o", o, o2)
+    assert_close("final_state", s, s2)
+    for name, a, e in zip(["q", "k", "v", "initial_state"], [leaves[i] for i in (0, 1, 2, 6)],
+                          [leaves64[i] for i in (0, 1, 2, 6)]):
+        assert_close(f"d{name}", a.grad, e.grad)
+
+
+@pytest.mark.interpret
+def test_gate_parameters_get_gradients_through_triton():
+    q, k, v = base_inputs()
+    g, beta = rand(B, T, HV, seed=30), rand(B, T, HV, seed=31)
+    A_log, dt_bias = rand(HV, seed=32).requires_grad_(), rand(HV, seed=33).requires_grad_()
+    A64, dt64 = A_log.detach().double().requires_grad_(), dt_bias.detach().double().requires_grad_()
+    for backend, a, d, cast in (("triton", A_log, dt_bias, lambda x: x), ("torch", A64, dt64, torch.Tensor.double)):
+        o, _ = lamina.chunk_gated_delta_rule(cast(q), cast(k), cast(v), cast(g), cast(beta), use_gate_in_kernel=True,
+                                             A_log=a, dt_bias=d, use_beta_sigmoid_in_kernel=True, chunk_size=16,
+                                             backend=backend)
+        o.sum().backward()
+    assert_close("dA_log", A_log.grad, A64.grad)
+    assert_close("ddt_bias", dt_bias.grad, dt64.grad)
+
+
+def test_torch_path_gradcheck_float64():
+    gen = torch.Generator().manual_seed(40)
+    q, k = torch.randn(1, 6, 1, 4, generator=gen, dtype=torch.float64), torch.randn(1, 6, 1, 4, generator=gen,
+                                                                                      dtype=torch.float64)
+    v = torch.randn(1, 6, 2, 3, generator=gen, dtype=torch.float64)
+    g, beta = torch.randn(1, 6, 2, generator=gen, dtype=torch.float64), torch.randn(1, 6, 2, generator=gen,
+                                                                                     dtype=torch.float64)
+    A_log, dt_bias = torch.randn(2, generator=gen, dtype=torch.float64), torch.randn(2, generator=gen,
+                                                                                      dtype=torch.float64)
+    args = [x.requires_grad_() for x in (q, k, v, g, beta, A_log, dt_bias)]
+
+    def fn(q, k, v, g, beta, A_log, dt_bias):
+        return lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                             A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                                             chunk_size=16, output_final_state=True, backend="torch")
+
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def test_strong_decay_long_sequence_cpu_path_is_finite():
+    """g = -20 per token on half the channels, T = 4096, on the PyTorch path: no NaN/inf anywhere."""
+    gen = torch.Generator().manual_seed(41)
+    Tl = 4096
+    q, k = torch.randn(1, Tl, 1, 16, generator=gen), torch.randn(1, Tl, 1, 16, generator=gen)
+    v = torch.randn(1, Tl, 1, 16, generator=gen)
+    g = -torch.rand(1, Tl, 1, 16, generator=gen)
+    g[..., ::2] = -20.0
+    beta = torch.rand(1, Tl, 1, generator=gen)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
+    o, s = lamina.chunk_kda(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True, backend="torch")
+    (o.sum() + s.sum()).backward()
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    for x in leaves:
+        assert torch.isfinite(x.grad).all()
+
+
+def test_auto_backend_on_cpu_follows_the_interpreter(monkeypatch):
+    q, k, v, g, b, w, _ = family_inputs()
+    calls = []
+    import lamina.ops.delta_rule_core as core
+
+    real = core.select_backend
+    monkeypatch.setattr(core, "select_backend", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    lamina.chunk_kda(q, k, v, g, b[..., 0])
+    assert calls == ["torch"]
+    with pytest.raises(ValueError, match="backend"):
+        lamina.chunk_kda(q, k, v, g, b[..., 0], backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        lamina.chunk_kda(q, k, v, g, b[..., 0], backend="nope")
+
+
+# --- custom op registration and torch.compile -----------------------------------------------------
+
+def _gdn(q, k, v, g, beta, backend):
+    o, s = lamina.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                         use_beta_sigmoid_in_kernel=True, chunk_size=16, backend=backend)
+    return o * 2, s
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_torch_compile_fullgraph_matches_eager(backend):
+    """fullgraph=True traces the whole op (the torch path inline, the Triton path as lamina::delta_rule_fwd/bwd
+    with their fake implementations); aot_eager keeps the check quick on CPU."""
+    torch._dynamo.reset()
+    q, k, v = base_inputs()
+    g, beta = -torch.rand(B, T, HV), rand(B, T, HV, seed=50)
+    eager = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
+    comp = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
+    o1, s1 = _gdn(*eager, backend)
+    o2, s2 = torch.compile(_gdn, fullgraph=True, backend="aot_eager")(*comp, backend)
+    assert_close("o", o2, o1.detach())
+    assert_close("final_state", s2, s1.detach())
+    o1.sum().backward()
+    o2.sum().backward()
+    for a, e in zip(comp, eager):
+        assert_close("grad", a.grad, e.grad)
+
+
+@pytest.mark.interpret
+def test_custom_op_registration_opcheck():
+    q, k, v, g, b, w, h0 = family_inputs()
+    args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True)
+    torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+def _good():
+    q, k, v = base_inputs()
+    return dict(q=q, k=k, v=v, g=-torch.rand(B, T, HV, K), beta=torch.rand(B, T, HV))
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a: a.update(q=a["q"][0]), "q must have 4 dimensions"),
+    (lambda a: a.update(k=a["k"][:, :-1]), "k must have shape"),
+    (lambda a: a.update(v=a["v"][:, :-1]), "v must have shape"),
+    (lambda a: a.update(v=torch.randn(B, T, 3, V)), "multiple of H"),
+    (lambda a: a.update(g=a["g"][..., 0]), "g must have shape"),
+    (lambda a: a.update(beta=a["beta"][..., :1]), "beta must have shape"),
+    (lambda a: a.update(k=a["k"].half()), "k must have the dtype of q"),
+    (lambda a: a.update(q=torch.randn(B, T, H, 1024), k=torch.randn(B, T, H, 1024)), "head dim K"),
+    (lambda a: a.update(initial_state=torch.zeros(B, HV, K, V + 1)), "initial_state must have shape"),
+    (lambda a: a.update(initial_state=torch.zeros(B, HV, K, V, dtype=torch.float16)), "initial_state must have dtype"),
+    (lambda a: a.update(initial_state=torch.zeros(B, HV, K, V, device="meta")), "same device"),
+    (lambda a: a.update(chunk_size=48), "chunk_size"),
+    (lambda a: a.update(q=[1, 2]), "q must be a torch.Tensor"),
+])
+def test_bad_input_kda(change, match):
+    args = _good()
+    change(args)
+    exc = TypeError if "torch.Tensor" in match else ValueError
+    with pytest.raises(exc, match=match):
+        lamina.chunk_kda(**args, backend="torch")
+
+
+@pytest.mark.parametrize("cu,match", [
+    ([0, 10, 24], "batch size 1"),
+    ([0, 12, 6, 24], "non-decreasing"),
+    ([1, 12, 24], "start at 0"),
+    ([0, 12, 20], "end at"),
+])
+def test_bad_cu_seqlens(cu, match):
+    q, k, v = [torch.cat([x, x]) for x in base_inputs()] if cu == [0, 10, 24] else base_inputs()
+    beta = torch.rand(q.shape[0], T, HV)
+    with pytest.raises(ValueError, match=match):
+        lamina.chunk_delta_rule(q, k, v, beta, cu_seqlens=torch.tensor(cu), backend="torch")
+
+
+def test_bad_gate_arguments():
+    q, k, v = base_inputs()
+    g, beta = torch.randn(B, T, HV), torch.rand(B, T, HV)
+    with pytest.raises(ValueError, match="A_log"):
+        lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True, backend="torch")
+    with pytest.raises(ValueError, match="A_log must have"):
+        lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(3), backend="torch")
+    with pytest.raises(ValueError, match="dt_bias must have"):
+        lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(HV),
+                                      dt_bias=torch.zeros(HV * K), backend="torch")
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        lamina.chunk_gated_delta_rule(q, k, v, g, beta, allow_neg_eigval=True, backend="torch")
+    g4 = torch.randn(B, T, HV, K)
+    with pytest.raises(ValueError, match="lower_bound"):
+        lamina.chunk_kda(q, k, v, g4, beta, use_gate_in_kernel=True, safe_gate=True, A_log=torch.zeros(HV),
+                         backend="torch")
+    with pytest.raises(ValueError, match=r"lower_bound must be in \[-5, 0\)"):
+        lamina.chunk_kda(q, k, v, g4, beta, use_gate_in_kernel=True, safe_gate=True, lower_bound=-7.0,
+                         backend="torch")
+    with pytest.raises(ValueError, match="b must have shape"):
+        lamina.chunk_gdn2(q, k, v, g4, beta, torch.rand(B, T, HV, V), backend="torch")
+    with pytest.raises(ValueError, match="w must have shape"):
+        lamina.chunk_gdn2(q, k, v, g4, torch.rand(B, T, HV, K), torch.rand(B, T, HV, K + 1), backend="torch")
+
+
+@pytest.mark.interpret
+def test_triton_path_rejects_float64_and_wide_keys_for_training():
+    q, k, v = base_inputs(torch.float64)
+    beta = torch.rand(B, T, HV, dtype=torch.float64)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        lamina.chunk_delta_rule(q, k, v, beta, backend="triton")
+    q, k = torch.randn(B, 4, H, 512, requires_grad=True), torch.randn(B, 4, H, 512)
+    with pytest.raises(ValueError, match="inference only"):
+        lamina.chunk_delta_rule(q, k, torch.randn(B, 4, HV, 16), torch.rand(B, 4, HV), backend="triton")
