@@ -17,16 +17,16 @@ LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 
-def make_inputs(shape, gate, bias, norm, dtype, param_dtype=torch.float32, seed=0):
+def make_inputs(shape, gate, bias, norm, dtype, param_dtype=torch.float32, seed=0, device="cpu"):
     """h, c, gate logits in ``dtype``; bias and norm weight in ``param_dtype`` (as a module keeps them)."""
     g = torch.Generator().manual_seed(seed)
     d = shape[-1]
     gd = d if gate == "channel" else 1
-    h = torch.randn(shape, generator=g).to(dtype)
-    c = torch.randn(shape, generator=g).to(dtype)
-    logits = (2 * torch.randn((*shape[:-1], gd), generator=g)).to(dtype)
-    b = torch.randn(gd, generator=g).to(param_dtype) if bias else None
-    w = (1 + 0.5 * torch.randn(d, generator=g)).to(param_dtype) if norm else None
+    h = torch.randn(shape, generator=g).to(device, dtype)
+    c = torch.randn(shape, generator=g).to(device, dtype)
+    logits = (2 * torch.randn((*shape[:-1], gd), generator=g)).to(device, dtype)
+    b = torch.randn(gd, generator=g).to(device, param_dtype) if bias else None
+    w = (1 + 0.5 * torch.randn(d, generator=g)).to(device, param_dtype) if norm else None
     return h, c, logits, b, w
 
 
@@ -38,14 +38,14 @@ def run_op(inputs, backend, dy):
 
 
 def run_ref(inputs, dy):
-    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in inputs]
+    leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in inputs]
     y = hrm_gated_update_ref(*leaves)
-    y.backward(dy.double())
+    y.backward(dy.cpu().double())
     return y, [t.grad if t is not None else None for t in leaves]
 
 
 def check_against_reference(inputs, backend, dtype, norm):
-    dy = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    dy = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(1)).to(inputs[0].device, dtype)
     y, grads = run_op(inputs, backend, dy)
     y_ref, grads_ref = run_ref(inputs, dy)
     assert y.dtype == dtype

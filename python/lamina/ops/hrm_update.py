@@ -314,7 +314,8 @@ def _ext_has_op() -> bool:
 
 
 def resolve_backend(backend: str, tensors: Sequence[torch.Tensor | None]) -> str:
-    """The implementation ``hrm_gated_update`` runs for ``backend`` on the device of ``tensors``.
+    """The implementation ``hrm_gated_update`` runs for ``backend`` on the device of ``tensors``
+    (``h, c, gate_logits, ...``).
 
     Returns one of "triton", "cuda", "torch", "cpu-ext", or "auto" when the choice between
     the CUDA C++ and Triton kernels is left to a one-time measurement.
@@ -331,7 +332,12 @@ def resolve_backend(backend: str, tensors: Sequence[torch.Tensor | None]) -> str
             require_compiled_extension()
             raise ValueError(f"{OP}: lamina._C was built without the hrm_update ops; rebuild the extension")
         return "cpu-ext"
-    resolved = select_backend(OP, backend, tensors, has_cuda_kernel=True)
+    # the CUDA C++ kernel covers float32, float16 and bfloat16; float64 runs on Triton
+    dtypes = {t.dtype for t in tensors[:3] if t is not None}
+    has_cuda_kernel = torch.float64 not in dtypes
+    if backend == "cuda" and not has_cuda_kernel:
+        raise ValueError(f"{OP}: backend='cuda' supports float32, float16 and bfloat16 inputs, got float64")
+    resolved = select_backend(OP, backend, tensors, has_cuda_kernel=has_cuda_kernel)
     if backend == "auto" and resolved == "cuda":
         return "auto"
     if backend == "auto" and resolved == "torch" and not interpreter_enabled() and _ext_has_op():
