@@ -36,8 +36,8 @@ constexpr int kMaxElemsBwd = 16;
 // at 128 registers; ptxas then spills 12-24 bytes (L1-resident) in the 16-bit block-per-row layout
 // with 2 packs per thread, against 140-153 registers and one block per SM without the cap.
 constexpr int kBwdBlocksPerSm = 2;
-// Widest row (in floats) a warp-group block combines through shared memory: 4 packs of 8 per lane.
-constexpr int kMaxWarpRowCols = 4 * kWarpSize * 8;
+// Widest row (in floats) a warp-per-row backward block combines through shared memory.
+constexpr int kMaxWarpRowCols = kMaxElemsBwd * kWarpSize;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
@@ -282,6 +282,7 @@ template <typename T, int VEC, int GROUP, int ITEMS>
 __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(BwdParams p, float* ws) {
   __shared__ float smem[kWarps];
   constexpr int kRows = kBlockThreads / GROUP;
+  static_assert(kRows == 1 || ITEMS * GROUP * VEC <= kMaxWarpRowCols, "row too wide for the warp combine");
   const int sub = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
   const int64_t groups = (p.n + kRows - 1) / kRows;
   float acc_dw[ITEMS][VEC] = {}, acc_db[ITEMS][VEC] = {};
@@ -342,7 +343,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(Bwd
         if constexpr (kRows == 1) {
           if (col < p.d) dst[col + k] = v;
         } else {
-          cols_smem[sub * kMaxWarpRowCols + col + k] = v;  // col < ITEMS * GROUP * VEC <= kMaxWarpRowCols
+          cols_smem[sub * kMaxWarpRowCols + col + k] = v;
         }
       }
     }
