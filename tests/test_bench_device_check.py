@@ -31,11 +31,12 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
         "OUT": str(out),
         "DRY_RUN": "1",
         "PYTHON": sys.executable,
-        # keep the CI pass short: one small test file, three ops, a short kernel-report window
+        # keep the CI pass short: one small test file, two ops, a short kernel-report window (a report
+        # that needs longer is recorded as timed out, which the check tolerates like any failed step)
         "PYTEST_ARGS": "-m gpu -q -p no:cacheprovider tests/test_bench_gpu.py",
-        "BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --op hrm_update,delta_rule,attention_decode "
+        "BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --op hrm_update,delta_rule "
                       "--exclude torch-compile --threads 1 --cpu-min-run-s 0.02",
-        "INFO_TIMEOUT": "20",
+        "INFO_TIMEOUT": "10",
         "LAMINA_BENCH_PLAIN": "1",
     }
     env.pop("TRITON_INTERPRET", None)
@@ -52,6 +53,6 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     records = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "ceiling" for r in records)
     ok = [r for r in records if r["kind"] == "result" and r["status"] == "ok"]
-    assert {r["op"] for r in ok} == {"hrm_update", "delta_rule", "attention_decode"}
+    assert {r["op"] for r in ok} == {"hrm_update", "delta_rule"}
     assert "x vs reference" in summary
     assert "skipped" in (out / "pytest_gpu.log").read_text()

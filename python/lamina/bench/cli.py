@@ -27,7 +27,7 @@ SUBCOMMANDS = ("providers", "ceilings", "summary", "plot")
 QUICK_TIME_BUDGET_S = 75.0
 QUICK_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, cpu_min_run_s=0.2, slow_call_s=0.3)
 # --quick leaves out providers that cost more than they tell there: compile time on CPU, token loops on GPU.
-QUICK_EXCLUDE = {"cpu": ("torch-compile",), "cuda": ("reference",)}
+QUICK_EXCLUDE = {"cpu": ("torch-compile",), "cuda": ("torch-compile", "reference")}
 
 
 class UsageError(ValueError):

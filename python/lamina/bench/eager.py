@@ -9,6 +9,11 @@ from __future__ import annotations
 import torch
 
 
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for low-precision inputs, float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def delta_family_eager(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -20,7 +25,7 @@ def delta_family_eager(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token loop over the whole family, batched over sequences and heads, float32 state.
+    """Token loop over the whole family, batched over sequences and heads, float32 (or float64) state.
 
     Args:
         q, k: [B, T, H, K]; v: [B, T, HV, V] with ``HV % H == 0``.
@@ -29,13 +34,14 @@ def delta_family_eager(
         initial_state: [N, HV, K, V] float32 or None; cu_seqlens: [N + 1] (B == 1) or None.
 
     Returns:
-        o: [B, T, HV, V] in ``v.dtype``; final state [N, HV, K, V] float32.
+        o: [B, T, HV, V] in ``v.dtype``; final state [N, HV, K, V] in the compute dtype.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
     group = HV // H
-    f32 = lambda x: None if x is None else x.float()
+    compute = _compute_dtype(q.dtype)
+    f32 = lambda x: None if x is None else x.to(compute)
     q32, k32 = f32(q).repeat_interleave(group, 2) * scale, f32(k).repeat_interleave(group, 2)
     v32, g32, e32, w32 = f32(v), f32(g), f32(erase), f32(write)
     # Gates per head get a trailing unit dim so that they broadcast over K or V.
@@ -48,7 +54,7 @@ def delta_family_eager(
     outputs, finals = [], []
     for n, (start, end) in enumerate(spans):
         if initial_state is not None:
-            S = initial_state[n : n + rows].float() if cu_seqlens is not None else initial_state.float()
+            S = (initial_state[n : n + rows] if cu_seqlens is not None else initial_state).to(compute)
         else:
             S = q32.new_zeros(rows, HV, K, V)
         steps = []
@@ -65,7 +71,7 @@ def delta_family_eager(
 
 def attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     scale: float | None = None) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) V with the scores in float32.
+    """softmax(Q K^T * scale + mask) V with the scores in float32 (float64 for float64 inputs).
 
     Args:
         q: [B, Tq, H, D]; k, v: [B, Tk, HKV, D] with ``H % HKV == 0``.
@@ -78,7 +84,7 @@ def attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     qh = q.transpose(1, 2)
     kh = k.transpose(1, 2).repeat_interleave(H // HKV, 1)
     vh = v.transpose(1, 2).repeat_interleave(H // HKV, 1)
-    scores = torch.matmul(qh, kh.transpose(-1, -2)).float() * scale
+    scores = torch.matmul(qh, kh.transpose(-1, -2)).to(_compute_dtype(q.dtype)) * scale
     if causal:
         Tq, Tk = q.shape[1], k.shape[1]
         keep = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
@@ -90,7 +96,7 @@ def attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 def hrm_update_eager(h: torch.Tensor, c: torch.Tensor, gate_logits: torch.Tensor,
                      bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                      eps: float = 1e-6) -> torch.Tensor:
-    """``z = sigmoid(gate_logits + bias)``, ``y = z h + (1 - z) c``, optional RMS norm in float32.
+    """``z = sigmoid(gate_logits + bias)``, ``y = z h + (1 - z) c``, optional RMS norm in float32 (or float64).
 
     Args:
         h, c, gate_logits: [N, D]; bias, norm_weight: [D] or None.
@@ -103,9 +109,10 @@ def hrm_update_eager(h: torch.Tensor, c: torch.Tensor, gate_logits: torch.Tensor
     y = z * h + (1 - z) * c
     if norm_weight is None:
         return y
-    y32 = y.float()
+    compute = _compute_dtype(h.dtype)
+    y32 = y.to(compute)
     y32 = y32 * torch.rsqrt(y32.pow(2).mean(-1, keepdim=True) + eps)
-    return (y32 * norm_weight.float()).to(h.dtype)
+    return (y32 * norm_weight.to(compute)).to(h.dtype)
 
 
 def gdn_decode_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

@@ -59,6 +59,11 @@ def baseline_of(group: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def ratio_text(x: float) -> str:
+    """A speedup with three significant digits: 1.45x, 738x, 0.00177x."""
+    return f"{x:.3g}x"
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -74,9 +79,9 @@ def table_rows(records: Iterable[dict[str, Any]]) -> list[list[str]]:
             if base is None:
                 ratio = "-"
             elif rec is base:
-                ratio = f"1.00x (base: {base['provider']})"
+                ratio = f"1x (base: {base['provider']})"
             else:
-                ratio = f"{base['ms'] / rec['ms']:.2f}x vs {base['provider']}"
+                ratio = f"{ratio_text(base['ms'] / rec['ms'])} vs {base['provider']}"
             roof = rec.get("roofline_frac")
             rows.append([rec["op"], rec["shape"], rec["mode"], rec["provider"], f"{rec['ms']:.3f}",
                          f"{rec['ms_p20']:.3f}-{rec['ms_p80']:.3f}", _fmt(rec.get("tflops"), ".3f"),
@@ -103,7 +108,7 @@ def ratio_lines(records: Iterable[dict[str, Any]]) -> list[str]:
     for (op, shape, mode, _), group in grouped(records).items():
         ok = [r for r in group if r.get("status") == "ok"]
         for mine in (r for r in ok if r["provider"].startswith("lamina-")):
-            others = [f"{o['ms'] / mine['ms']:.2f}x over {o['provider']}" for o in ok if o is not mine]
+            others = [f"{ratio_text(o['ms'] / mine['ms'])} over {o['provider']}" for o in ok if o is not mine]
             if others:
                 lines.append(f"{op} {shape} {mode}: {mine['provider']} {mine['ms']:.3f} ms, speedup "
                              + ", ".join(others))
