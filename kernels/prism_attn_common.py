@@ -39,6 +39,9 @@ RESIDENT_MAX = 128
 # (44 STL); 256- and 128-wide reloaded chunks spill (63 and 18 STL); 64-wide chunks use 230
 # registers and no spills.
 REDUCTION_CHUNK = 64
+# Under the interpreter every chunk costs a Python-level round of numpy calls: wider chunks keep the
+# tests fast and still cover full and masked chunks (D = 320 is 128 + 128 + a masked 64 of 128).
+INTERPRET_REDUCTION_CHUNK = 128
 
 LOG2E = 1.4426950408889634
 # The same constants as values a @triton.jit function can read.
@@ -48,11 +51,18 @@ LN2_C = tl.constexpr(0.6931471805599453)
 TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def output_pieces(head_dim: int) -> tuple[tuple[int, int], ...]:
-    """(column offset, BLOCK_DO) of every output piece; one launch writes each piece."""
-    if head_dim <= PIECE_MAX:
-        return ((0, max(PIECE_MIN, next_power_of_2(head_dim))),)
-    return ((0, PIECE_MAX), (PIECE_MAX, max(PIECE_MIN, next_power_of_2(head_dim - PIECE_MAX))))
+def output_pieces(head_dim: int, piece_max: int = PIECE_MAX) -> tuple[tuple[int, int], ...]:
+    """(column offset, BLOCK_DO) of every output piece; one launch writes each piece.
+
+    Pieces are ``piece_max`` wide, the last one the next power of two of what remains.
+    """
+    pieces = []
+    offset = 0
+    while head_dim - offset > piece_max:
+        pieces.append((offset, piece_max))
+        offset += piece_max
+    pieces.append((offset, max(PIECE_MIN, next_power_of_2(head_dim - offset))))
+    return tuple(pieces)
 
 
 def reduction_chunk(head_dim: int) -> int:
@@ -64,7 +74,7 @@ def reduction_chunk(head_dim: int) -> int:
     """
     if head_dim <= RESIDENT_MAX:
         return max(PIECE_MIN, next_power_of_2(head_dim))
-    return REDUCTION_CHUNK
+    return INTERPRET_REDUCTION_CHUNK if INTERPRET else REDUCTION_CHUNK
 
 
 def head_dim_bucket(head_dim: int) -> int:
@@ -156,18 +166,27 @@ def store_tile(base, value, stride_r, offs_d, n_rows, BLOCK_R: tl.constexpr, HEA
 @triton.jit
 def head_dot(a_res, a_blk, stride_a, n_a, b_blk, stride_b, n_b,
              BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr,
-             A_RESIDENT: tl.constexpr, MASK_B_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+             A_RESIDENT: tl.constexpr, MASK_B_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+             RUNTIME_CHUNKS: tl.constexpr = False):
     """``A B^T`` over the full head dim: fp32 [BLOCK_A, BLOCK_B].
 
     ``a_blk``/``b_blk`` point at the first row of each tile (``n_a``/``n_b`` rows valid; B's rows are
     masked only with ``MASK_B_ROWS``). With ``A_RESIDENT`` the head dim is one chunk and ``a_res`` is
     the A tile already loaded; otherwise both operands are loaded chunk by chunk, and only a chunk
-    that reaches past ``HEAD_DIM`` masks its columns.
+    that reaches past ``HEAD_DIM`` masks its columns (``RUNTIME_CHUNKS``: a runtime loop over
+    chunks, every chunk masked).
     """
     offs_c = tl.arange(0, BLOCK_DC)
     if A_RESIDENT:
         b = load_tile(b_blk, stride_b, offs_c, n_b, BLOCK_B, HEAD_DIM, MASK_B_ROWS, BLOCK_DC != HEAD_DIM)
         acc = tl.dot(a_res, tl.trans(b), input_precision=DOT_PRECISION)
+    elif RUNTIME_CHUNKS:
+        # A loop the compiler keeps: loads of a loop-invariant A are not hoisted into registers.
+        acc = tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32)
+        for c in range(0, HEAD_DIM, BLOCK_DC):
+            a = load_tile(a_blk, stride_a, c + offs_c, n_a, BLOCK_A, HEAD_DIM)
+            b = load_tile(b_blk, stride_b, c + offs_c, n_b, BLOCK_B, HEAD_DIM, MASK_B_ROWS)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
     else:
         acc = tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32)
         for c in tl.static_range(0, HEAD_DIM, BLOCK_DC):

@@ -1,0 +1,393 @@
+"""Prism attention backward (FlashAttention-2 style, no atomics), head dims 16..512.
+
+Three launches, with ``P = exp(S - lse)`` recomputed from the forward's log-sum-exp:
+
+* ``_prism_attn_bwd_preprocess_kernel``: ``delta = rowsum(dO * O)`` per query row and head (fp32).
+* ``_prism_attn_bwd_dkdv_kernel``: one program per key block, key/value head and output piece;
+  it loops over the query heads of its GQA group and their query blocks, so ``dK``/``dV`` sum over
+  the group inside the program: ``dV += P^T dO``, ``dK += scale * dS^T Q`` with
+  ``dS = P * (dO V^T - delta)``.
+* ``_prism_attn_bwd_dq_kernel``: one program per query block, query head and output piece, looping
+  over the visible key blocks: ``dQ += scale * dS K``.
+
+Head-dim reductions (``Q K^T``, ``dO V^T``) run over chunks of ``BLOCK_DC`` columns; the outputs
+are written one piece per launch (``prism_attn_common``), as in the forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, raw_jit, register_aot
+from lamina.kernels.prism_attn_common import (
+    AOT_HEAD_DIMS,
+    LOG2E,
+    LOG2E_C,
+    all_configs,
+    aot_attrs,
+    config_label,
+    dot_precision,
+    head_dim_bucket,
+    head_dot,
+    keep_bucket_configs,
+    load_tile,
+    output_pieces,
+    reduction_chunk,
+    sequence_bounds,
+    store_tile,
+)
+
+# Tile configurations per head-dim bucket, checked by the static report (0 spills, HGMMA, shared
+# memory within sm_90 and sm_80 limits, measured with 16-divisible strides, bf16, causal).
+# dK/dV hold two fp32 accumulators of the output piece, so their query tile is the smaller one:
+# at D = 128, 64 x 64 spilled on sm_90 (29 STL), 32 x 64 does not; above 128 its head-dim
+# reductions run as a runtime loop over chunks (a static one let the compiler hoist all of K and V
+# into registers: 21-163 STL at D = 512 for every tile tried). dQ's reductions do the same: with a
+# static loop its pipelined chunks needed 288 KB of shared memory at D = 512 (64 x 32 tiles).
+DKDV_CONFIGS: dict[int, list[triton.Config]] = {
+    64: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
+    128: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    256: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    512: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+}
+DQ_CONFIGS: dict[int, list[triton.Config]] = {
+    64: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    128: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    256: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    512: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+}
+# Under the interpreter: tiles smaller than the test sequences, with BLOCK_M != BLOCK_N.
+DKDV_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
+DQ_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+# Rows per program of the delta = rowsum(dO * O) preprocess: the head dim is read in BLOCK_DC
+# chunks, so a [64, <=128] fp32 product is at most 64 values a thread at 4 warps, for any D.
+PREPROCESS_BLOCK_M = 64
+PREPROCESS_WARPS = 4
+
+
+@triton.jit
+def _prism_attn_bwd_preprocess_kernel(
+    O, DO, DELTA, CU_Q,
+    stride_ob, stride_ot, stride_oh,
+    stride_db, stride_dt, stride_dh,
+    stride_lb, stride_lh,
+    seqlen_q, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    seq = pid_bh // num_heads
+    head = (pid_bh % num_heads).to(tl.int64)
+    batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= len_q:
+        return
+    row_q = bos_q + m0
+    o_blk = O + batch * stride_ob + row_q * stride_ot + head * stride_oh
+    do_blk = DO + batch * stride_db + row_q * stride_dt + head * stride_dh
+    rows_q = len_q - m0
+    offs_c = tl.arange(0, BLOCK_DC)
+    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c in tl.static_range(0, HEAD_DIM, BLOCK_DC):
+        o = load_tile(o_blk, stride_ot, c + offs_c, rows_q, BLOCK_M, HEAD_DIM).to(tl.float32)
+        do = load_tile(do_blk, stride_dt, c + offs_c, rows_q, BLOCK_M, HEAD_DIM).to(tl.float32)
+        delta += tl.sum(o * do, 1)
+    offs = tl.arange(0, BLOCK_M)
+    tl.store(DELTA + batch * stride_lb + head * stride_lh + row_q + offs, delta, mask=offs < rows_q)
+
+
+@triton.jit
+def _prism_attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_db, stride_dt, stride_dh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, num_kv_heads, group_size, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
+    CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid: (key blocks, sequences x key/value heads). dK/dV share K's and V's strides."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    seq = pid_bh // num_kv_heads
+    kv_head = (pid_bh % num_kv_heads).to(tl.int64)
+    batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
+    _, bos_k, len_k = sequence_bounds(CU_K, seq, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= len_k:
+        return
+    KV_RESIDENT: tl.constexpr = BLOCK_DC >= HEAD_DIM
+    MASK_OUT_COLS: tl.constexpr = OUT_OFFSET + BLOCK_DO > HEAD_DIM
+
+    row_k = bos_k + n0
+    k_blk = K + batch * stride_kb + row_k * stride_kt + kv_head * stride_kh
+    v_blk = V + batch * stride_vb + row_k * stride_vt + kv_head * stride_vh
+    dk_blk = DK + batch * stride_kb + row_k * stride_kt + kv_head * stride_kh
+    dv_blk = DV + batch * stride_vb + row_k * stride_vt + kv_head * stride_vh
+    rows_k = len_k - n0
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_out = OUT_OFFSET + tl.arange(0, BLOCK_DO)
+    if KV_RESIDENT:
+        k_res = load_tile(k_blk, stride_kt, tl.arange(0, BLOCK_DC), rows_k, BLOCK_N, HEAD_DIM)
+        v_res = load_tile(v_blk, stride_vt, tl.arange(0, BLOCK_DC), rows_k, BLOCK_N, HEAD_DIM)
+    else:
+        k_res = offs_n  # unused: K and V are reloaded chunk by chunk
+        v_res = offs_n
+    dk = tl.zeros([BLOCK_N, BLOCK_DO], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DO], dtype=tl.float32)
+
+    diag = len_k - len_q
+    # The first query that sees key n0 is n0 - diag (bottom-right causal alignment).
+    if CAUSAL:
+        m_begin = (tl.maximum(n0 - diag, 0) // BLOCK_M) * BLOCK_M
+    else:
+        m_begin = n0 * 0
+    stride_qt64 = stride_qt.to(tl.int64)
+    stride_dt64 = stride_dt.to(tl.int64)
+    for g in range(0, group_size):
+        head = kv_head * group_size + g
+        q_head = Q + batch * stride_qb + bos_q * stride_qt + head * stride_qh
+        do_head = DO + batch * stride_db + bos_q * stride_dt + head * stride_dh
+        lse_head = LSE + batch * stride_lb + head * stride_lh + bos_q
+        delta_head = DELTA + batch * stride_lb + head * stride_lh + bos_q
+        for start_m in range(m_begin, len_q, BLOCK_M):
+            q_blk = q_head + start_m * stride_qt64
+            do_blk = do_head + start_m * stride_dt64
+            rows_q = len_q - start_m
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < len_q
+            lse = tl.load(lse_head + offs_m, mask=row_ok, other=0.0) * LOG2E_C
+            delta = tl.load(delta_head + offs_m, mask=row_ok, other=0.0)
+            # Transposed tiles [BLOCK_N, BLOCK_M]: keys along rows, queries along columns.
+            s_t = head_dot(k_res, k_blk, stride_kt, rows_k, q_blk, stride_qt, rows_q,
+                           BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True)
+            visible = row_ok[None, :] & (offs_n[:, None] < len_k)
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag)
+            # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
+            p_t = tl.where(visible, tl.math.exp2(s_t * qk_scale - lse[None, :]), 0.0)
+            do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
+            dv = tl.dot(p_t.to(do_out.dtype), do_out, dv, input_precision=DOT_PRECISION)
+            dp_t = head_dot(v_res, v_blk, stride_vt, rows_k, do_blk, stride_dt, rows_q,
+                            BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True)
+            ds_t = p_t * (dp_t - delta[None, :])
+            q_out = load_tile(q_blk, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
+            dk = tl.dot(ds_t.to(q_out.dtype), q_out, dk, input_precision=DOT_PRECISION)
+    store_tile(dk_blk, dk * sm_scale, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
+    store_tile(dv_blk, dv, stride_vt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
+
+
+@triton.jit
+def _prism_attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_db, stride_dt, stride_dh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, num_heads, group_size, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
+    CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid: (query blocks, sequences x query heads). dQ shares Q's strides."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    seq = pid_bh // num_heads
+    head = (pid_bh % num_heads).to(tl.int64)
+    kv_head = head // group_size
+    batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
+    _, bos_k, len_k = sequence_bounds(CU_K, seq, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= len_q:
+        return
+    QDO_RESIDENT: tl.constexpr = BLOCK_DC >= HEAD_DIM
+    MASK_OUT_COLS: tl.constexpr = OUT_OFFSET + BLOCK_DO > HEAD_DIM
+
+    row_q = bos_q + m0
+    q_blk = Q + batch * stride_qb + row_q * stride_qt + head * stride_qh
+    do_blk = DO + batch * stride_db + row_q * stride_dt + head * stride_dh
+    dq_blk = DQ + batch * stride_qb + row_q * stride_qt + head * stride_qh
+    k_base = K + batch * stride_kb + bos_k * stride_kt + kv_head * stride_kh
+    v_base = V + batch * stride_vb + bos_k * stride_vt + kv_head * stride_vh
+    rows_q = len_q - m0
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_out = OUT_OFFSET + tl.arange(0, BLOCK_DO)
+    row_ok = offs_m < len_q
+    lse_off = batch * stride_lb + head * stride_lh + row_q + tl.arange(0, BLOCK_M)
+    lse = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * LOG2E_C
+    delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
+    if QDO_RESIDENT:
+        q_res = load_tile(q_blk, stride_qt, tl.arange(0, BLOCK_DC), rows_q, BLOCK_M, HEAD_DIM)
+        do_res = load_tile(do_blk, stride_dt, tl.arange(0, BLOCK_DC), rows_q, BLOCK_M, HEAD_DIM)
+    else:
+        q_res = offs_m  # unused: Q and dO are reloaded chunk by chunk
+        do_res = offs_m
+    dq = tl.zeros([BLOCK_M, BLOCK_DO], dtype=tl.float32)
+
+    diag = len_k - len_q
+    if CAUSAL:
+        visible_end = tl.maximum(tl.minimum(m0 + BLOCK_M + diag, len_k), 0)
+    else:
+        visible_end = len_k
+    stride_kt64 = stride_kt.to(tl.int64)
+    stride_vt64 = stride_vt.to(tl.int64)
+    for start_n in range(0, visible_end, BLOCK_N):
+        k_blk = k_base + start_n * stride_kt64
+        v_blk = v_base + start_n * stride_vt64
+        rows_k = len_k - start_n
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s = head_dot(q_res, q_blk, stride_qt, rows_q, k_blk, stride_kt, rows_k,
+                     BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, True, DOT_PRECISION, True)
+        visible = row_ok[:, None] & (offs_n[None, :] < len_k)
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+        p = tl.where(visible, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        dp = head_dot(do_res, do_blk, stride_dt, rows_q, v_blk, stride_vt, rows_k,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, True, DOT_PRECISION, True)
+        ds = p * (dp - delta[:, None])
+        k_out = load_tile(k_blk, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM, True, MASK_OUT_COLS)
+        dq = tl.dot(ds.to(k_out.dtype), k_out, dq, input_precision=DOT_PRECISION)
+    store_tile(dq_blk, dq * sm_scale, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM)
+
+
+_KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN"]
+_dkdv_tuned = autotune(
+    all_configs(DKDV_CONFIGS), key=_KEY, interpret_config=DKDV_INTERPRET_CONFIG,
+    prune_configs_by={"early_config_prune": keep_bucket_configs(DKDV_CONFIGS)},
+)(_prism_attn_bwd_dkdv_kernel)
+_dq_tuned = autotune(
+    all_configs(DQ_CONFIGS), key=_KEY, interpret_config=DQ_INTERPRET_CONFIG,
+    prune_configs_by={"early_config_prune": keep_bucket_configs(DQ_CONFIGS)},
+)(_prism_attn_bwd_dq_kernel)
+
+
+def _strides3(x: torch.Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def prism_attn_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    dlse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels on validated, contiguous inputs.
+
+    do, q, o: [B, T, H, D]; k, v: [B, S, HKV, D]; lse: [B, H, T] float32 from ``prism_attn_fwd``;
+    dlse: [B, H, T], the gradient of lse when the caller used it (d lse_i / d s_ij = P_ij, so it
+    enters as ``dS = P * (dO V^T - (delta - dlse))``).
+    Returns dq: [B, T, H, D], dk and dv: [B, S, HKV, D], in the inputs' dtype.
+    """
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    is_varlen = cu_seqlens_q is not None
+    if is_varlen:
+        n_seq = cu_seqlens_q.numel() - 1
+        max_q = int(max_seqlen_q) if max_seqlen_q is not None else int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+        max_k = int(max_seqlen_k) if max_seqlen_k is not None else int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
+    else:
+        n_seq, max_q, max_k = batch, seqlen_q, seqlen_k
+    if n_seq * num_heads > MAX_GRID_YZ:
+        raise ValueError(f"sequences x heads must be <= {MAX_GRID_YZ}, got {n_seq} x {num_heads}")
+    do = do.contiguous()
+    delta = torch.empty_like(lse)
+    block_dc = reduction_chunk(head_dim)
+    _prism_attn_bwd_preprocess_kernel[(cdiv(max_q, PREPROCESS_BLOCK_M), n_seq * num_heads)](
+        o, do, delta, cu_seqlens_q, *_strides3(o), *_strides3(do), lse.stride(0), lse.stride(1),
+        seqlen_q, num_heads, HEAD_DIM=head_dim, BLOCK_DC=block_dc, IS_VARLEN=is_varlen,
+        BLOCK_M=PREPROCESS_BLOCK_M, num_warps=PREPROCESS_WARPS,
+    )
+    if dlse is not None:
+        delta = delta - torch.where(torch.isinf(lse), torch.zeros_like(lse), dlse.float())
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    group = num_heads // num_kv_heads
+    common = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), lse.stride(0), lse.stride(1))
+    flags = dict(HEAD_DIM=head_dim, BLOCK_DC=block_dc, CAUSAL=bool(causal), IS_VARLEN=is_varlen,
+                 DOT_PRECISION=dot_precision(q.dtype))
+    for out_offset, block_do in output_pieces(head_dim):
+        _dkdv_tuned[lambda meta: (cdiv(max_k, meta["BLOCK_N"]), n_seq * num_kv_heads)](
+            q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, *common,
+            seqlen_q, seqlen_k, num_kv_heads, group, scale * LOG2E, scale,
+            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
+        )
+    for out_offset, block_do in output_pieces(head_dim):
+        _dq_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq * num_heads)](
+            q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, *common,
+            seqlen_q, seqlen_k, num_heads, group, scale * LOG2E, scale,
+            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
+        )
+    return dq, dk, dv
+
+
+def _aot_signature(kernel: str, dtype: str, head_dim: int, piece: tuple[int, int],
+                   config: triton.Config | None, causal: bool = True) -> tuple[dict, dict]:
+    ptr = f"*{dtype}"
+    if kernel == "preprocess":
+        sig = {"O": ptr, "DO": ptr, "DELTA": "*fp32", "CU_Q": "*i32"}
+        names = ("o", "d")
+        scalars = {"seqlen_q": "i32", "num_heads": "i32"}
+        constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "IS_VARLEN": False,
+                      "BLOCK_M": PREPROCESS_BLOCK_M}
+    else:
+        sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32"}
+        sig.update({"DK": ptr, "DV": ptr} if kernel == "dkdv" else {"DQ": ptr})
+        sig.update({"CU_Q": "*i32", "CU_K": "*i32"})
+        names = ("q", "k", "v", "d")
+        heads = "num_kv_heads" if kernel == "dkdv" else "num_heads"
+        scalars = {"seqlen_q": "i32", "seqlen_k": "i32", heads: "i32", "group_size": "i32",
+                   "qk_scale": "fp32", "sm_scale": "fp32"}
+        constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "BLOCK_DO": piece[1],
+                      "OUT_OFFSET": piece[0], "CAUSAL": causal, "IS_VARLEN": False, "DOT_PRECISION": "tf32",
+                      **config.kwargs}
+    for name in names:
+        sig.update({f"stride_{name}b": "i32", f"stride_{name}t": "i32", f"stride_{name}h": "i32"})
+    sig.update({"stride_lb": "i32", "stride_lh": "i32", **scalars})
+    sig.update({name: "constexpr" for name in constexprs})
+    return sig, constexprs
+
+
+_KERNELS = {"preprocess": _prism_attn_bwd_preprocess_kernel, "dkdv": _prism_attn_bwd_dkdv_kernel,
+            "dq": _prism_attn_bwd_dq_kernel}
+
+
+def _register_static_report() -> None:
+    for head_dim in AOT_HEAD_DIMS:
+        fn = _KERNELS["preprocess"]
+        sig, constexprs = _aot_signature("preprocess", "bf16", head_dim, (0, 0), None)
+        register_aot(AotSpec(
+            name="prism_attn_bwd_preprocess", config=f"D{head_dim}-M{PREPROCESS_BLOCK_M}", fn=fn,
+            signature=sig, constexprs=constexprs, num_warps=PREPROCESS_WARPS, num_stages=1,
+            uses_dot=False, meta={"attrs": aot_attrs(fn, sig)},
+        ))
+        for kernel, table in (("dkdv", DKDV_CONFIGS), ("dq", DQ_CONFIGS)):
+            fn = raw_jit(_KERNELS[kernel])
+            for config in table[head_dim_bucket(head_dim)]:
+                for piece in output_pieces(head_dim):
+                    sig, constexprs = _aot_signature(kernel, "bf16", head_dim, piece, config)
+                    register_aot(AotSpec(
+                        name=f"prism_attn_bwd_{kernel}", config=config_label(head_dim, piece, config),
+                        fn=fn, signature=sig, constexprs=constexprs, num_warps=config.num_warps,
+                        num_stages=config.num_stages, uses_dot=True, meta={"attrs": aot_attrs(fn, sig)},
+                    ))
+
+
+_register_static_report()
+
+__all__ = ["DKDV_CONFIGS", "DQ_CONFIGS", "prism_attn_bwd"]

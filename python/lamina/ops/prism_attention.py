@@ -1,0 +1,275 @@
+"""``prism_attention``: softmax attention for every head dim a Prism schedule needs (16..512).
+
+Paths (``lamina._dispatch.select_backend``): CUDA tensors and CPU tensors under the Triton
+interpreter run lamina's Triton kernels (``lamina.kernels.prism_attn_fwd``/``_bwd``) through the
+``lamina::prism_attention_fwd``/``_bwd`` custom ops, whose autograd formula is registered with
+``torch.library.register_autograd`` (so ``torch.compile(fullgraph=True)`` sees one opaque op). CPU
+tensors by default run a blockwise PyTorch implementation, differentiated by PyTorch's autograd.
+FlashAttention is not used: lamina's kernel serves every head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+from lamina._dispatch import select_backend
+from lamina._validate import check_cu_seqlens, check_same_device, check_tensor
+from lamina.kernels.prism_attn_common import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The PyTorch path also takes float64 (gradcheck, oracles).
+TORCH_DTYPES = KERNEL_DTYPES + (torch.float64,)
+# Query rows per step of the PyTorch path: bounds its score buffer to [B, H, 1024, S] at a time.
+TORCH_QUERY_BLOCK = 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+def _check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+) -> tuple[int | None, int | None]:
+    """Raise ValueError/TypeError naming the bad argument; returns (max_seqlen_q, max_seqlen_k) for varlen."""
+    check_tensor("q", q, ndim=4, dtypes=TORCH_DTYPES)
+    check_tensor("k", k, ndim=4, dtypes=TORCH_DTYPES)
+    check_tensor("v", v, ndim=4, dtypes=TORCH_DTYPES)
+    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+    batch, _, num_heads, head_dim = q.shape
+    if head_dim % HEAD_DIM_MULTIPLE or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"q: head dim must be a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], "
+            f"got {head_dim} (shape {tuple(q.shape)})"
+        )
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(
+            f"k must have shape [B={batch}, S, HKV, D={head_dim}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
+        )
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if k.shape[2] == 0 or num_heads % k.shape[2]:
+        raise ValueError(
+            f"k: the number of key/value heads must divide the query heads H={num_heads} (GQA/MQA), "
+            f"got HKV={k.shape[2]}"
+        )
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must be given together, got "
+            f"cu_seqlens_q={'a tensor' if cu_seqlens_q is not None else None}, "
+            f"cu_seqlens_k={'a tensor' if cu_seqlens_k is not None else None}"
+        )
+    if cu_seqlens_q is None:
+        return None, None
+    n_q = check_cu_seqlens(cu_seqlens_q, batch, q.shape[1], "cu_seqlens_q")
+    n_k = check_cu_seqlens(cu_seqlens_k, batch, k.shape[1], "cu_seqlens_k")
+    if n_q != n_k:
+        raise ValueError(
+            f"cu_seqlens_k must describe as many sequences as cu_seqlens_q ({n_q}), got {n_k}"
+        )
+    longest = []
+    for name, cu, given in (("max_seqlen_q", cu_seqlens_q, max_seqlen_q), ("max_seqlen_k", cu_seqlens_k, max_seqlen_k)):
+        offs = cu.tolist()
+        actual = max(b - a for a, b in zip(offs[:-1], offs[1:]))
+        if given is not None and (not isinstance(given, int) or given < actual):
+            raise ValueError(f"{name} must be an int >= the longest sequence ({actual}), got {given!r}")
+        longest.append(actual if given is None else given)
+    return longest[0], longest[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton path: custom ops with a registered autograd formula
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("lamina::prism_attention_fwd", mutates_args=())
+def _prism_attention_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from lamina.kernels.prism_attn_fwd import prism_attn_fwd
+
+    return prism_attn_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+@_prism_attention_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    batch, seqlen_q, num_heads, _ = q.shape
+    return torch.empty_like(q), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("lamina::prism_attention_bwd", mutates_args=())
+def _prism_attention_bwd_op(
+    do: torch.Tensor,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from lamina.kernels.prism_attn_bwd import prism_attn_bwd
+
+    return prism_attn_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(),
+                          lse, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dlse=dlse)
+
+
+@_prism_attention_bwd_op.register_fake
+def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale)
+
+
+def _backward(ctx, do: torch.Tensor, dlse: torch.Tensor | None):
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, causal, scale = ctx.args
+    dq, dk, dv = _prism_attention_bwd_op(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q, max_seqlen_k, causal, scale)
+    # One gradient per input: q, k, v, then None for cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    # max_seqlen_k, causal, scale.
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_prism_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch path: blockwise over query rows, autograd by PyTorch
+# ----------------------------------------------------------------------------------------------
+def _attention_torch_dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of equal-length sequences: q [B, T, H, D], k/v [B, S, HKV, D] -> o, lse [B, H, T]."""
+    compute = torch.promote_types(q.dtype, torch.float32)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    group = q.shape[2] // k.shape[2]
+    qg = rearrange(q.to(compute), "b t (hk g) d -> b hk g t d", g=group)
+    kg = rearrange(k.to(compute), "b s hk d -> b hk s d")
+    vg = rearrange(v.to(compute), "b s hk d -> b hk s d")
+    keys = torch.arange(seqlen_k, device=q.device)
+    outs, lses = [], []
+    for start in range(0, seqlen_q, TORCH_QUERY_BLOCK):
+        q_blk = qg[:, :, :, start:start + TORCH_QUERY_BLOCK]
+        scores = torch.einsum("bhgtd,bhsd->bhgts", q_blk, kg) * scale
+        if causal:
+            rows = torch.arange(start, start + q_blk.shape[3], device=q.device)
+            visible = keys[None, :] <= rows[:, None] + (seqlen_k - seqlen_q)
+            scores = scores.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        # Rows without a visible key: lse = -inf, probabilities 0, output 0.
+        lse_shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        probs = torch.exp(scores - lse_shift[..., None])
+        outs.append(torch.einsum("bhgts,bhsd->bhgtd", probs, vg))
+        lses.append(lse)
+    if not outs:  # T == 0
+        return torch.zeros_like(q), q.new_zeros((q.shape[0], q.shape[2], 0), dtype=torch.float32)
+    o = rearrange(torch.cat(outs, dim=3), "b hk g t d -> b t (hk g) d").to(q.dtype)
+    lse = rearrange(torch.cat(lses, dim=3), "b hk g t -> b (hk g) t").float()
+    return o, lse
+
+
+def _attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if cu_seqlens_q is None:
+        return _attention_torch_dense(q, k, v, causal, scale)
+    offs_q, offs_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for n in range(len(offs_q) - 1):
+        o_n, lse_n = _attention_torch_dense(
+            q[:, offs_q[n]:offs_q[n + 1]], k[:, offs_k[n]:offs_k[n + 1]], v[:, offs_k[n]:offs_k[n + 1]],
+            causal, scale,
+        )
+        outs.append(o_n)
+        lses.append(lse_n)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def prism_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention for head dims 16..512 (multiples of 8), forward and backward.
+
+    Args:
+        q: [B, T, H, D] queries (float16, bfloat16 or float32; float64 on the torch backend).
+        k: [B, S, HKV, D] keys, H % HKV == 0 (GQA/MQA: query head h uses key head h // (H / HKV)).
+        v: [B, S, HKV, D] values.
+        causal: mask key j for query i unless j <= i + S - T (aligned bottom-right, as
+            FlashAttention >= 2.1 does; per sequence when varlen).
+        scale: score scale, default D ** -0.5.
+        cu_seqlens_q: [N + 1] int32/int64 offsets of N packed query sequences (B == 1).
+        cu_seqlens_k: [N + 1] offsets of the matching key/value sequences.
+        max_seqlen_q: longest query sequence (read from cu_seqlens_q when None).
+        max_seqlen_k: longest key sequence (read from cu_seqlens_k when None).
+        return_lse: also return the log-sum-exp of the scaled scores.
+        backend: "auto", "triton" or "torch" (see ``lamina._dispatch``).
+
+    Returns:
+        o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
+        A query row that sees no key (causal with T > S) has o = 0 and lse = -inf.
+    """
+    max_seqlen_q, max_seqlen_k = _check_inputs(q, k, v, scale, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    path = select_backend("prism_attention", backend, [q, k, v, cu_seqlens_q, cu_seqlens_k])
+    if path == "torch":
+        o, lse = _attention_torch(q, k, v, bool(causal), scale, cu_seqlens_q, cu_seqlens_k)
+    else:
+        if q.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
+        if cu_seqlens_q is None:
+            max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+        o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         bool(causal), scale)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["prism_attention"]

@@ -1,0 +1,147 @@
+"""prism_attention: validation at the boundary and the CPU PyTorch path (incl. gradcheck, compile)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lamina import prism_attention
+from lamina.reference.attention import attention_ref
+from tests.tolerances import assert_attention_close
+
+
+def _qkv(b, t, s, h, hk, d, dtype=torch.float32, grad=False):
+    out = (torch.randn(b, t, h, d, dtype=dtype), torch.randn(b, s, hk, d, dtype=dtype),
+           torch.randn(b, s, hk, d, dtype=dtype))
+    return tuple(x.requires_grad_(grad) for x in out)
+
+
+def _cu(*lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+def _bad_cases():
+    q, k, v = _qkv(1, 8, 8, 4, 2, 32)
+    q2, k2, v2 = _qkv(2, 8, 8, 4, 2, 32)
+    cases = {
+        "D not a multiple of 8": (dict(q=q[..., :30], k=k[..., :30], v=v[..., :30]), "q"),
+        "D < 16": (dict(q=q[..., :8], k=k[..., :8], v=v[..., :8]), "q"),
+        "D > 512": (dict(q=torch.randn(1, 8, 4, 520), k=torch.randn(1, 8, 2, 520),
+                         v=torch.randn(1, 8, 2, 520)), "q"),
+        "H % HKV != 0": (dict(q=q[:, :, :3], k=k, v=v), "k"),
+        "mismatched B": (dict(q=q2, k=k, v=v), "k"),
+        "mismatched D": (dict(q=q, k=k[..., :16], v=v[..., :16]), "k"),
+        "v shape": (dict(q=q, k=k, v=v[:, :4]), "v"),
+        "dtype mismatch": (dict(q=q, k=k.half(), v=v), "k"),
+        "bad dtype": (dict(q=q.int(), k=k, v=v), "q"),
+        "not 4-d": (dict(q=q[0], k=k, v=v), "q"),
+        "cu lengths differ": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(4, 4), cu_seqlens_k=_cu(2, 2, 4)),
+                              "cu_seqlens_k"),
+        "cu not at 0": (dict(q=q, k=k, v=v, cu_seqlens_q=torch.tensor([1, 8], dtype=torch.int32),
+                             cu_seqlens_k=_cu(8)), "cu_seqlens_q"),
+        "cu decreasing": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(4, 4),
+                               cu_seqlens_k=torch.tensor([0, 6, 4, 8], dtype=torch.int32)), "cu_seqlens_k"),
+        "cu last != total": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(4, 3), cu_seqlens_k=_cu(4, 4)),
+                             "cu_seqlens_q"),
+        "cu with B != 1": (dict(q=q2, k=k2, v=v2, cu_seqlens_q=_cu(8), cu_seqlens_k=_cu(8)), "cu_seqlens_q"),
+        "only one cu": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(8)), "cu_seqlens_k"),
+        "cu float": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(8).float(), cu_seqlens_k=_cu(8)), "cu_seqlens_q"),
+        "max_seqlen too small": (dict(q=q, k=k, v=v, cu_seqlens_q=_cu(3, 5), cu_seqlens_k=_cu(4, 4),
+                                      max_seqlen_q=4), "max_seqlen_q"),
+        "unknown backend": (dict(q=q, k=k, v=v, backend="cudnn"), "backend"),
+        "cuda backend": (dict(q=q, k=k, v=v, backend="cuda"), "backend"),
+        "device mismatch": (dict(q=q, k=k.to("meta"), v=v), "k"),
+    }
+    return cases
+
+
+_CASES = _bad_cases()
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_bad_input_raises_naming_the_argument(case):
+    kwargs, name = _CASES[case]
+    with pytest.raises((ValueError, TypeError)) as info:
+        prism_attention(**kwargs)
+    assert name in str(info.value), str(info.value)
+
+
+def test_non_float_scale_is_a_type_error():
+    q, k, v = _qkv(1, 8, 8, 2, 2, 16)
+    with pytest.raises(TypeError, match="scale"):
+        prism_attention(q, k, v, scale="0.1")
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch path (CPU default)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "d, t, s, h, hk, causal",
+    [(16, 40, 40, 2, 1, True), (96, 30, 70, 4, 2, True), (192, 70, 30, 2, 2, True),
+     (320, 33, 47, 2, 1, False), (512, 24, 40, 2, 2, True)],
+)
+def test_torch_path_matches_reference_float64(d, t, s, h, hk, causal):
+    q, k, v = _qkv(2, t, s, h, hk, d, torch.float64, grad=True)
+    do = torch.randn(2, t, h, d, dtype=torch.float64)
+    o, lse = prism_attention(q, k, v, causal=causal, return_lse=True, backend="torch")
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=causal, return_lse=True)
+    grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref.float())
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_torch_path_low_precision_within_attention_bound(dtype):
+    q, k, v = _qkv(1, 64, 80, 4, 2, 128, torch.float64)
+    do = torch.randn(1, 64, 4, 128, dtype=torch.float64)
+    low = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+    ref = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+    ref_low = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+    o = prism_attention(*low, causal=True, backend="torch")
+    o_ref = attention_ref(*ref, causal=True)
+    o_low = attention_ref(*ref_low, causal=True)
+    assert o.dtype == dtype
+    assert_attention_close("o", o, o_ref, o_low)
+    g = torch.autograd.grad(o, low, do.to(dtype))
+    g_ref = torch.autograd.grad(o_ref, ref, do)
+    g_low = torch.autograd.grad(o_low, ref_low, do.to(dtype))
+    for name, a, r, p in zip(("dq", "dk", "dv"), g, g_ref, g_low):
+        assert_attention_close(name, a, r, p, grad=True)
+
+
+def test_torch_path_varlen_and_empty_rows():
+    cu_q, cu_k = _cu(10, 25, 7), _cu(20, 5, 0)
+    q, k, v = _qkv(1, 42, 25, 2, 1, 48, torch.float64, grad=True)
+    o, lse = prism_attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True, backend="torch")
+    o_ref, lse_ref = attention_ref(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    torch.testing.assert_close(o, o_ref)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_ref))
+    assert torch.isneginf(lse[..., 35:]).all()  # the third sequence has no keys
+    assert torch.isneginf(lse[..., 10:30]).all()  # causal, 25 queries on 5 keys: the first 20 see none
+    assert torch.equal(o[:, 35:], torch.zeros_like(o[:, 35:]))
+    (o * torch.randn_like(o)).sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_torch_path_gradcheck_float64():
+    q, k, v = _qkv(1, 6, 9, 2, 1, 16, torch.float64, grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: prism_attention(a, b, c, causal=True, backend="torch"),
+                                    (q, k, v))
+
+
+def test_torch_compile_fullgraph_torch_backend():
+    q, k, v = _qkv(2, 24, 40, 4, 2, 64, grad=True)
+    fn = lambda a, b, c: prism_attention(a, b, c, causal=True, backend="torch")
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    o = compiled(q, k, v)
+    torch.testing.assert_close(o, fn(q, k, v))
+    g = torch.autograd.grad(o.sum(), (q, k, v))
+    g_ref = torch.autograd.grad(fn(q, k, v).sum(), (q, k, v))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,126 @@
+"""Prism attention's Triton kernels under the interpreter, against the float64 reference.
+
+Bound (tests/tolerances.py, FlashAttention's rule): the kernel's max error against attention_ref in
+float64 is at most 2x (outputs) / 3x (gradients) the error attention_ref itself makes in the
+input's precision, plus a floor of a few units of roundoff.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lamina import prism_attention
+from lamina.reference.attention import attention_ref
+from tests.tolerances import assert_attention_close
+
+pytestmark = pytest.mark.interpret
+
+
+def _cu(*lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _finite(lse: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """lse with its -inf rows (rows that see no key) zeroed, after checking they match ref's."""
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "rows without a visible key differ"
+    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+
+
+def check_against_reference(b, t, s, h, hk, d, dtype, causal, cu_q=None, cu_k=None, lse_grad=False):
+    """Run the Triton path forward and backward and hold o, lse, dq, dk, dv to the attention bound."""
+    q64 = torch.randn(b, t, h, d, dtype=torch.float64)
+    k64 = torch.randn(b, s, hk, d, dtype=torch.float64)
+    v64 = torch.randn(b, s, hk, d, dtype=torch.float64)
+    do = torch.randn(b, t, h, d, dtype=torch.float64)
+    dlse = torch.randn(b, h, t, dtype=torch.float64) if lse_grad else None
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+    def run(fn, tensors, out_dtype):
+        ins = [x.requires_grad_() for x in tensors]
+        o, lse = fn(*ins)
+        loss = (o * do.to(out_dtype)).sum()
+        if lse_grad:
+            loss = loss + (_finite(lse, lse) * dlse.to(lse.dtype)).sum()
+        return o, lse, torch.autograd.grad(loss, ins)
+
+    low = [x.to(dtype) for x in (q64, k64, v64)]
+    ours = run(lambda *a: prism_attention(*a, causal=causal, return_lse=True, backend="triton", **varlen),
+               [x.clone() for x in low], dtype)
+    ref = run(lambda *a: attention_ref(*a, causal=causal, return_lse=True, **varlen),
+              [x.double() for x in low], torch.float64)
+    ref_low = run(lambda *a: attention_ref(*a, causal=causal, return_lse=True, **varlen),
+                  [x.clone() for x in low], dtype)
+    assert ours[0].dtype == dtype and ours[1].dtype == torch.float32
+    assert_attention_close("o", ours[0], ref[0], ref_low[0])
+    assert_attention_close("lse", _finite(ours[1], ref[1]), _finite(ref[1], ref[1]),
+                           _finite(ref_low[1].float(), ref[1]), dtype=dtype)
+    for name, a, r, p in zip(("dq", "dk", "dv"), ours[2], ref[2], ref_low[2]):
+        assert_attention_close(name, a, r, p, grad=True)
+
+
+# (D, dtype, causal, T, S, H, HKV): every head-dim bucket and both non-power-of-two splits, T < S,
+# T > S (rows without keys when causal), GQA and MQA, each dtype.
+CASES = [
+    (16, torch.float16, True, 40, 40, 2, 1),
+    (48, torch.bfloat16, True, 24, 56, 2, 2),
+    (64, torch.float32, False, 48, 48, 2, 1),
+    (64, torch.bfloat16, True, 72, 40, 2, 1),
+    (96, torch.float16, True, 40, 64, 2, 1),
+    (128, torch.bfloat16, False, 33, 47, 1, 1),
+    (192, torch.float16, True, 48, 48, 2, 2),
+    (256, torch.bfloat16, True, 40, 24, 2, 1),
+    (320, torch.bfloat16, True, 40, 56, 2, 1),
+    (320, torch.float32, False, 24, 24, 1, 1),
+    (512, torch.float16, True, 32, 48, 2, 1),
+    (512, torch.bfloat16, False, 24, 40, 1, 1),
+]
+
+
+@pytest.mark.parametrize("d, dtype, causal, t, s, h, hk", CASES,
+                         ids=[f"D{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-T{c[3]}-S{c[4]}-H{c[5]}-{c[6]}"
+                              for c in CASES])
+def test_kernel_matches_reference(d, dtype, causal, t, s, h, hk):
+    check_against_reference(1, t, s, h, hk, d, dtype, causal)
+
+
+def test_batch_of_two_with_gqa():
+    check_against_reference(2, 40, 40, 4, 2, 32, torch.float16, True)
+
+
+@pytest.mark.parametrize("d, dtype", [(64, torch.float16), (320, torch.bfloat16)])
+def test_varlen_three_sequences(d, dtype):
+    # Sequence 2 has fewer keys than queries (causal rows without keys); 3 has T < S.
+    cu_q, cu_k = _cu(17, 30, 9), _cu(17, 12, 35)
+    check_against_reference(1, 56, 64, 2, 1, d, dtype, True, cu_q, cu_k)
+
+
+def test_varlen_empty_key_sequence_non_causal():
+    cu_q, cu_k = _cu(12, 20, 5), _cu(25, 0, 9)
+    check_against_reference(1, 37, 34, 2, 2, 48, torch.float32, False, cu_q, cu_k)
+
+
+def test_gradient_through_lse():
+    check_against_reference(1, 40, 48, 2, 1, 64, torch.float32, True, lse_grad=True)
+
+
+def test_rows_without_keys_output_zero():
+    q, k, v = torch.randn(1, 50, 2, 32), torch.randn(1, 20, 2, 32), torch.randn(1, 20, 2, 32)
+    o, lse = prism_attention(q, k, v, causal=True, return_lse=True, backend="triton")
+    assert torch.equal(o[:, :30], torch.zeros_like(o[:, :30]))
+    assert torch.isneginf(lse[..., :30]).all() and torch.isfinite(lse[..., 30:]).all()
+
+
+def test_custom_op_opcheck_and_compile():
+    q, k, v = torch.randn(1, 24, 2, 32), torch.randn(1, 40, 1, 32), torch.randn(1, 40, 1, 32)
+    torch.library.opcheck(torch.ops.lamina.prism_attention_fwd.default,
+                          (q, k, v, None, None, 24, 40, True, 0.2), test_utils=("test_schema", "test_faketensor"))
+    ins = [x.clone().requires_grad_() for x in (q, k, v)]
+    fn = lambda a, b, c: prism_attention(a, b, c, causal=True, backend="triton")
+    o = torch.compile(fn, fullgraph=True, backend="aot_eager")(*ins)
+    grads = torch.autograd.grad(o.square().sum(), ins)
+    ins_eager = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_eager = fn(*ins_eager)
+    torch.testing.assert_close(o, o_eager)
+    for a, b in zip(grads, torch.autograd.grad(o_eager.square().sum(), ins_eager)):
+        torch.testing.assert_close(a, b)
