@@ -31,12 +31,14 @@ and ``dg`` is the reverse cumulative sum of ``dG`` inside the chunk (summed over
 
 Kernels (no atomics anywhere, so two runs are bitwise equal):
 
-1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``M``, ``P`` and ``A``; ``A`` and ``P`` go
-   to an fp32 scratch ``[tokens, HV, BT]``.
-2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks.
-   It keeps ``dH`` in registers and, in the same step, computes ``dU``, ``dR``, ``U``, ``dv``, ``dw``
-   and ``dS0``. It writes ``dH`` per chunk (fp32, the size of ``h``) plus ``U`` and ``dR`` (fp32, the
-   size of ``v``) for kernel 3, and ``dinitial_state`` at the end.
+1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``M``, ``P``, ``A``, and everything that needs
+   ``S0`` or ``dO`` but not ``dH``: ``U``, ``P^T dO`` and ``Qg^T dO``. It writes ``A`` (fp32
+   ``[tokens, HV, BT]``), ``U`` and ``P^T dO`` (fp32, the size of ``v``) and ``Qg^T dO`` (fp32, into
+   the ``dH`` buffer, the size of ``h``).
+2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
+   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four 64-row key blocks).
+   It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
+   writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
 3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): ``dP``, ``dM`` and the inter-chunk
    products over V blocks, then the intra-chunk products, ``dq``, ``dk``, ``db``, ``dg``. One program
    loops over the value heads sharing a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
@@ -63,21 +65,22 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     load_rows,
     load_vec,
     row_of,
+    tile_ptr,
     unit_lower_inverse,
 )
 
 # Tried configurations: dims, dtypes and variant flags are the keys, never T or the number of sequences.
 _AUTOTUNE_KEY = ["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE"]
-_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)]
-# The scan and the dqk kernel hold several [BT, 64+] fp32 tiles: 8 warps is the default that fits.
+# Every kernel holds several [BT, 64] fp32 tiles: 8 warps is the default that fits (4 spills on sm_90).
 _CONFIGS_WIDE = [triton.Config({}, num_warps=w, num_stages=s) for w in (8, 4) for s in (1, 2)]
 
 
-@autotune(_CONFIGS, key=_AUTOTUNE_KEY)
+@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
-    q, k, g, b, A_out, P_out, cu_seqlens, chunk_indices, scale, T, NT,
+    q, k, v, g, b, w, h, do, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -122,23 +125,117 @@ def _delta_chunk_bwd_prep_kernel(
     Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
     Am = unit_lower_inverse(Mm, o_t, L, BT)
 
-    rows = (t0 + o_t.to(tl.int64)) * (HV * BT) + i_hv * BT
-    offs = rows[:, None] + o_t[None, :]
-    m = (o_t < L)[:, None]
-    tl.store(A_out + offs, Am, mask=m)
-    tl.store(P_out + offs, Pm, mask=m)
+    tl.store(tile_ptr(A_out, t0, L, HV * BT, i_hv * BT, 0, BT, BT, BT), Am, boundary_check=(0, 1))
+
+    # Everything of the chunk that needs the forward's state S0 or dO but not the incoming dH is
+    # formed here, in parallel over chunks, rather than in the sequential scan:
+    #   U = A (Z - Eb S0),  dU0 = P^T dO (the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
+    A_c = Am.to(DT)
+    P_c = tl.trans(Pm.to(DT))
+    o_bv = tl.arange(0, BV)
+    chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    for v0 in range(0, V, BV):
+        do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+        dU0 = tl.dot(P_c, do_t, input_precision=DOT_PRECISION)
+        tl.store(tile_ptr(dU_out, t0, L, HV * V, i_hv * V, v0, V, BT, BV), dU0, boundary_check=(0, 1))
+        rhs = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        if WRITE == 1:
+            rhs = rhs * load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        else:
+            rhs = rhs * load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
+        for k0 in range(0, K, BK):
+            k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+            q_g = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * scale
+            if ERASE == 1:
+                e_g = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+            else:
+                e_g = k_t * b_s[:, None]
+            if DECAY == 2:
+                gamma = tl.exp(load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY))
+                e_g = e_g * gamma
+                q_g = q_g * gamma
+            elif DECAY == 1:
+                e_g = e_g * tl.exp(G)[:, None]
+                q_g = q_g * tl.exp(G)[:, None]
+            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero").to(DT)
+            rhs -= tl.dot(e_g.to(DT), S0, input_precision=DOT_PRECISION)
+            dS_q = tl.dot(tl.trans(q_g.to(DT)), do_t, input_precision=DOT_PRECISION)
+            d_ptr = tl.make_block_ptr(dh_out + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            tl.store(d_ptr, dS_q, boundary_check=(0, 1))
+        U = tl.dot(A_c, rhs.to(DT), input_precision=DOT_PRECISION)
+        tl.store(tile_ptr(U_out, t0, L, HV * V, i_hv * V, v0, V, BT, BV), U, boundary_check=(0, 1))
+
+
+@triton.jit
+def _scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
+                   K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr):
+    """For key columns ``k0 + o_k`` of one chunk: ``Kt`` and ``Eb`` in the dot dtype, and the chunk's
+    total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
+    DT = k.dtype.element_ty
+    k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+    if ERASE == 1:
+        e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+    else:
+        e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+    if DECAY == 2:
+        G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+        g_last = row_of(G, o_t, BT - 1)
+        k_tail = (k_t * tl.exp(g_last[None, :] - G)).to(DT)
+        e_g = (e_t * tl.exp(G)).to(DT)
+        decay_chunk = tl.exp(g_last)[:, None]
+    elif DECAY == 1:
+        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+        g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+        k_tail = (k_t * tl.exp(g_last - G)[:, None]).to(DT)
+        e_g = (e_t * tl.exp(G)[:, None]).to(DT)
+        decay_chunk = tl.exp(g_last)
+    else:
+        k_tail = k_t.to(DT)
+        e_g = e_t.to(DT)
+        decay_chunk = 1.0
+    return k_tail, e_g, decay_chunk
+
+
+@triton.jit
+def _swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr):
+    """Read ``Qg^T dO`` (left by the prep kernel) from rows ``k0 + o_k`` of the chunk's ``dh_buf`` slot
+    and put ``dH`` there instead."""
+    offs = chunk_state + (k0 + o_k)[:, None] * V + o_v[None, :]
+    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
+    dS_q = tl.load(dh_buf + offs, mask=mask, other=0.0)
+    # another thread of the program may own the element in the store's layout
+    tl.debug_barrier()
+    tl.store(dh_buf + offs, dh, mask=mask)
+    return dS_q
+
+
+@triton.jit
+def _state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, LOAD: tl.constexpr):
+    """Load (``LOAD``) or store rows ``k0 + o_k`` of a ``[N, HV, K, V]`` state."""
+    offs = head_state + (k0 + o_k)[:, None] * V + o_v[None, :]
+    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
+    if LOAD:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        tl.store(ptr + offs, dh, mask=mask)
+        return dh
 
 
 @autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dh_kernel(
-    q, k, v, g, b, w, h, do, dht, A_buf, P_buf, dh_buf, U_buf, dR_buf, dv, dw, dh0,
-    cu_seqlens, chunk_offsets, scale, T, NT, NTOK,
+    k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
+    cu_seqlens, chunk_offsets, T, NT, NTOK,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
+    # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128)
+    NKB: tl.constexpr = (K + BK - 1) // BK
+    tl.static_assert(NKB <= 4, "the scan holds at most four key blocks")
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // HV
@@ -154,74 +251,60 @@ def _delta_chunk_bwd_dh_kernel(
         eos = bos + T
         n_chunks = NT
         first_chunk = i_n.to(tl.int64) * NT
-    DT = q.dtype.element_ty
+    DT = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_bv = tl.arange(0, BV)
     v0 = i_v * BV
     o_v = v0 + o_bv
-    state_offs = o_k[:, None] * V + o_v[None, :]
-    state_mask = (o_k < K)[:, None] & (o_v < V)[None, :]
     head_state = (i_n * HV + i_hv).to(tl.int64) * (K * V)
 
-    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    dh_0 = tl.zeros([BK, BV], dtype=tl.float32)
+    dh_1 = tl.zeros([BK, BV], dtype=tl.float32)
+    dh_2 = tl.zeros([BK, BV], dtype=tl.float32)
+    dh_3 = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
-        dh += tl.load(dht + head_state + state_offs, mask=state_mask, other=0.0).to(tl.float32)
+        dh_0 = _state_block_io(dht, head_state, 0, o_k, o_v, dh_0, K, V, True)
+        if NKB > 1:
+            dh_1 = _state_block_io(dht, head_state, BK, o_k, o_v, dh_1, K, V, True)
+        if NKB > 2:
+            dh_2 = _state_block_io(dht, head_state, 2 * BK, o_k, o_v, dh_2, K, V, True)
+        if NKB > 3:
+            dh_3 = _state_block_io(dht, head_state, 3 * BK, o_k, o_v, dh_3, K, V, True)
 
     for i_t in range(n_chunks - 1, -1, -1):
         chunk_state = ((first_chunk + i_t) * HV + i_hv) * (K * V)
-        tl.store(dh_buf + chunk_state + state_offs, dh, mask=state_mask)
         t0 = bos + i_t * BT
         L = eos - t0
-        q_t = load_rows(q, t0, L, H * K, i_h * K, 0, o_t, o_k, K)
-        k_t = load_rows(k, t0, L, H * K, i_h * K, 0, o_t, o_k, K)
-        if ERASE == 1:
-            e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, 0, o_t, o_k, K)
-        else:
-            e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
-        if DECAY == 2:
-            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
-            g_last = row_of(G, o_t, BT - 1)
-            gamma = tl.exp(G)
-            q_g = q_t * gamma * scale
-            e_g = e_t * gamma
-            k_tail = k_t * tl.exp(g_last[None, :] - G)
-            decay_chunk = tl.exp(g_last)[:, None]
-        elif DECAY == 1:
-            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
-            g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
-            gamma = tl.exp(G)[:, None]
-            q_g = q_t * gamma * scale
-            e_g = e_t * gamma
-            k_tail = k_t * tl.exp(g_last - G)[:, None]
-            decay_chunk = tl.exp(g_last)
-        else:
-            q_g = q_t * scale
-            e_g = e_t
-            k_tail = k_t
-            decay_chunk = 1.0
-        do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
+        dU = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
+        qd_0 = _swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
+        kt_0, eg_0, dc_0 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+        dU += tl.dot(kt_0, dh_0.to(DT), input_precision=DOT_PRECISION)
+        if NKB > 1:
+            qd_1 = _swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
+            kt_1, eg_1, dc_1 = _scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+            dU += tl.dot(kt_1, dh_1.to(DT), input_precision=DOT_PRECISION)
+        if NKB > 2:
+            qd_2 = _swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
+            kt_2, eg_2, dc_2 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+                                              ERASE)
+            dU += tl.dot(kt_2, dh_2.to(DT), input_precision=DOT_PRECISION)
+        if NKB > 3:
+            qd_3 = _swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
+            kt_3, eg_3, dc_3 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+                                              ERASE)
+            dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
+        A_t = load_rows(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT).to(DT)
+        dR = tl.dot(tl.trans(A_t), dU.to(DT), input_precision=DOT_PRECISION)
+
+        val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
+        val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
         v_t = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if WRITE == 1:
             w_t = load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         else:
             w_t = load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
-        tri_offs = ((t0 + o_t.to(tl.int64)) * (HV * BT) + i_hv * BT)[:, None] + o_t[None, :]
-        tri_mask = (o_t < L)[:, None]
-        A_t = tl.load(A_buf + tri_offs, mask=tri_mask, other=0.0)
-        P_t = tl.load(P_buf + tri_offs, mask=tri_mask, other=0.0)
-        S0 = tl.load(h + chunk_state + state_offs, mask=state_mask, other=0.0)
-
-        dh_dt = dh.to(DT)
-        dU = tl.dot(tl.trans(P_t).to(DT), do_t.to(DT), input_precision=DOT_PRECISION)
-        dU += tl.dot(k_tail.to(DT), dh_dt, input_precision=DOT_PRECISION)
-        dR = tl.dot(tl.trans(A_t).to(DT), dU.to(DT), input_precision=DOT_PRECISION)
-        rhs = v_t * w_t - tl.dot(e_g.to(DT), S0.to(DT), input_precision=DOT_PRECISION)
-        U = tl.dot(A_t.to(DT), rhs.to(DT), input_precision=DOT_PRECISION)
-
-        val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
-        val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
-        tl.store(U_buf + val_offs, U, mask=val_mask)
         tl.store(dR_buf + val_offs, dR, mask=val_mask)
         tl.store(dv + val_offs, (dR * w_t).to(dv.dtype.element_ty), mask=val_mask)
         if WRITE == 1:
@@ -231,12 +314,24 @@ def _delta_chunk_bwd_dh_kernel(
             dw_offs = i_v.to(tl.int64) * NTOK * HV + (t0 + o_t.to(tl.int64)) * HV + i_hv
             tl.store(dw + dw_offs, tl.sum(dR * v_t, 1), mask=o_t < L)
 
-        dh = dh * decay_chunk
-        dh += tl.dot(tl.trans(q_g).to(DT), do_t.to(DT), input_precision=DOT_PRECISION)
-        dh -= tl.dot(tl.trans(e_g).to(DT), dR.to(DT), input_precision=DOT_PRECISION)
+        # dS0 = Diag(gamma_C) dH + Qg^T dO - Eb^T dR, block by block
+        dR_c = dR.to(DT)
+        dh_0 = dh_0 * dc_0 + qd_0 - tl.dot(tl.trans(eg_0), dR_c, input_precision=DOT_PRECISION)
+        if NKB > 1:
+            dh_1 = dh_1 * dc_1 + qd_1 - tl.dot(tl.trans(eg_1), dR_c, input_precision=DOT_PRECISION)
+        if NKB > 2:
+            dh_2 = dh_2 * dc_2 + qd_2 - tl.dot(tl.trans(eg_2), dR_c, input_precision=DOT_PRECISION)
+        if NKB > 3:
+            dh_3 = dh_3 * dc_3 + qd_3 - tl.dot(tl.trans(eg_3), dR_c, input_precision=DOT_PRECISION)
 
     if USE_INITIAL_STATE:
-        tl.store(dh0 + head_state + state_offs, dh, mask=state_mask)
+        _state_block_io(dh0, head_state, 0, o_k, o_v, dh_0, K, V, False)
+        if NKB > 1:
+            _state_block_io(dh0, head_state, BK, o_k, o_v, dh_1, K, V, False)
+        if NKB > 2:
+            _state_block_io(dh0, head_state, 2 * BK, o_k, o_v, dh_2, K, V, False)
+        if NKB > 3:
+            _state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
 
 
 @autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
@@ -376,6 +471,9 @@ MAX_HEAD_DIM_K = 256
 MIN_DOT_DIM = 16
 # K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
 CHUNK_BLOCK = 64
+# K block of the prep kernel with per-channel decay: its column loop holds five [BT, BK] fp32 tiles,
+# which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
+PREP_BLOCK_K_PER_CHANNEL = 32
 # Element budget of the scan's dH tile [BK, BV] in registers (8192 fp32 = 32 registers per thread at
 # 8 warps), which fixes BV from K.
 SCAN_TILE_ELEMENTS = 8192
@@ -499,23 +597,24 @@ def delta_chunk_bwd(
     offs = chunk_offsets if chunk_offsets is not None else q
 
     A_buf = torch.empty(ntok, HV, BT, **f32)
-    P_buf = torch.empty(ntok, HV, BT, **f32)
     bk_chunk = _pow2_block(K, CHUNK_BLOCK)
-    _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, g_in, b_in, A_buf, P_buf, cu, idx, scale, T, nt, BK=bk_chunk, **dims, **flags)
-
-    bk_scan = _pow2_block(K, MAX_HEAD_DIM_K)
-    bv_scan = scan_block_v(K, V)
-    nv = cdiv(V, bv_scan)
-    dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
+    dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
+    bk_prep = _pow2_block(K, PREP_BLOCK_K_PER_CHANNEL if decay == 2 else CHUNK_BLOCK)
+    _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
+        q, k, v, g_in, b_in, w_in, h, do, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt, BK=bk_prep,
+        BV=_pow2_block(V, CHUNK_BLOCK), **dims, **flags)
+
+    bk_scan = _pow2_block(K, CHUNK_BLOCK)
+    bv_scan = scan_block_v(K, V)
+    nv = cdiv(V, bv_scan)
     dv = torch.empty_like(v)
     dw = torch.empty_like(w_in) if write == 1 else torch.empty(nv, ntok, HV, **f32)
     dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
-        q, k, v, g_in, b_in, w_in, h, do, dht, A_buf, P_buf, dh_buf, U_buf, dR_buf, dv, dw, dh0,
-        cu, offs, scale, T, nt, ntok, BK=bk_scan, BV=bv_scan,
+        k, v, g_in, b_in, w_in, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
+        cu, offs, T, nt, ntok, BK=bk_scan, BV=bv_scan,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags)
 
@@ -554,7 +653,7 @@ def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
     types = {
         "q": act, "k": act, "v": act, "do": act, "dq": act, "dk": act, "dv": act,
         "g": f32, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
-        "A_out": f32, "P_out": f32, "A_buf": f32, "P_buf": f32, "dh_buf": f32, "U_buf": f32, "dR_buf": f32,
+        "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "P_buf": f32, "dh_buf": f32, "U_buf": f32, "dR_buf": f32,
         "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
         "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
         "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
@@ -565,8 +664,8 @@ def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
 def _register_default_configs() -> None:
     K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
     blocks = {
-        _delta_chunk_bwd_prep_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK)),
-        _delta_chunk_bwd_dh_kernel: dict(BK=_pow2_block(K, MAX_HEAD_DIM_K), BV=scan_block_v(K, V),
+        _delta_chunk_bwd_prep_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
+        _delta_chunk_bwd_dh_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=scan_block_v(K, V),
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
         _delta_chunk_bwd_dqk_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
     }
@@ -576,12 +675,12 @@ def _register_default_configs() -> None:
         for variant, decay, erase, write in _VARIANTS:
             constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
                               DOT_PRECISION="tf32", **extra)
-            # per-channel decay builds the prep kernel's [BT, BT] products column by column, without tl.dot
-            uses_dot = not (fn is _delta_chunk_bwd_prep_kernel and decay == 2)
+            if fn is _delta_chunk_bwd_prep_kernel and decay == 2:
+                constexprs["BK"] = _pow2_block(K, PREP_BLOCK_K_PER_CHANNEL)
             register_aot(AotSpec(
                 name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']}", fn=jit,
                 signature=_aot_signature(fn, decay, erase, write), constexprs=constexprs,
-                num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=uses_dot,
+                num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=True,
             ))
 
 

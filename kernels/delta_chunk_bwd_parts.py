@@ -3,7 +3,8 @@
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
 * ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
-* ``load_rows``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside the chunk.
+* ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside
+  the chunk.
 * ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
@@ -39,11 +40,18 @@ def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr)
 @triton.jit
 def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
     """fp32 tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` (row stride ``row_stride``), zero for
-    ``o_t >= L`` or ``col0 + o_c >= N_COLS``. ``t0`` is int64, so the offset never wraps."""
-    rows = (t0 + o_t.to(tl.int64)) * row_stride
-    p = ptr + rows[:, None] + head_off + col0 + o_c[None, :]
-    m = (o_t < L)[:, None] & ((col0 + o_c) < N_COLS)[None, :]
-    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+    ``o_t >= L`` or ``col0 + o_c >= N_COLS``. The int64 row offset ``t0 * row_stride`` goes into the
+    base pointer; a block pointer addresses the tile (no per-element 64-bit address registers)."""
+    bp = tile_ptr(ptr, t0, L, row_stride, head_off, col0, N_COLS, o_t.shape[0], o_c.shape[0])
+    return tl.load(bp, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+
+
+@triton.jit
+def tile_ptr(ptr, t0, L, row_stride, head_off, col0, N_COLS, BR: tl.constexpr, BC: tl.constexpr):
+    """Block pointer to the ``[BR, BC]`` tile at row ``t0`` (int64) and column ``head_off + col0`` of a
+    ``[rows, row_stride]`` tensor, with ``L`` valid rows and ``N_COLS`` valid columns past ``head_off``."""
+    return tl.make_block_ptr(ptr + t0 * row_stride + head_off, (L, N_COLS), (row_stride, 1), (0, col0),
+                             (BR, BC), (1, 0))
 
 
 @triton.jit
@@ -142,6 +150,6 @@ def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
 
 
 __all__ = [
-    "chunk_bounds", "load_rows", "load_vec", "load_gate", "row_of", "col_of", "gated_gram",
+    "chunk_bounds", "load_rows", "tile_ptr", "load_vec", "load_gate", "row_of", "col_of", "gated_gram",
     "gated_intra_grads", "unit_lower_inverse",
 ]

@@ -51,7 +51,7 @@ def run_bwd(inputs, scale, cu_seqlens, do, dfinal, chunk_size):
 
 
 def build_case(B, T, H, HV, K, V, kinds, dtype=torch.float32, seqlens=None, init=True, final_grad=True,
-               gate_scale=1.0, beta=None):
+               gate_scale=1.0, beta=None, device="cpu"):
     decay, erase, write = kinds
     q, k, v, g, b, w = make_inputs(B, T, H, HV, K, V, decay, erase, write, dtype=dtype, gate_scale=gate_scale)
     if beta is not None:
@@ -63,7 +63,9 @@ def build_case(B, T, H, HV, K, V, kinds, dtype=torch.float32, seqlens=None, init
     h0 = torch.randn(N, HV, K, V) if init else None
     do = torch.randn(B, T, HV, V).to(dtype)
     dfinal = torch.randn(N, HV, K, V) if final_grad else None
-    return (q, k, v, g, b, w, h0), cu, do, dfinal
+    move = (lambda x: None if x is None else x.to(device))
+    inputs = tuple(move(x) for x in (q, k, v, g, b, w, h0))
+    return inputs, move(cu), move(do), move(dfinal)
 
 
 def check_case(inputs, cu, do, dfinal, chunk_size=64, scale=None):

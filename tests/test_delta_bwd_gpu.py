@@ -1,0 +1,56 @@
+"""The chunked delta-rule backward kernels on a CUDA device (skipped without one).
+
+Same oracle as tests/test_delta_bwd.py (autograd through the float64 recurrence, run on the device),
+at the production shape: bf16, B=2, T=2048, H=4, K=V=128. Gradients are checked on the GPU itself:
+Triton miscompiles on Hopper have hit delta-rule backward kernels before (fla issue #640).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_delta_bwd import DELTANET, GDN, GDN2, GRAD_NAMES, KDA, build_case, check_case, run_bwd
+
+VARIANTS = [DELTANET, GDN, KDA, GDN2]
+IDS = ["deltanet", "gdn", "kda", "gdn2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kinds", VARIANTS, ids=IDS)
+def test_bwd_gpu_bf16_production_shape(kinds):
+    check_case(*build_case(2, 2048, 4, 4, 128, 128, kinds, dtype=torch.bfloat16, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("kinds", VARIANTS, ids=IDS)
+def test_bwd_gpu_gva_varlen(kinds, dtype):
+    check_case(*build_case(1, 700, 2, 4, 64, 96, kinds, dtype=dtype, seqlens=[300, 1, 399], device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K,V", [(256, 256), (192, 48), (48, 192)])
+def test_bwd_gpu_wide_and_odd_heads(K, V):
+    check_case(*build_case(1, 300, 2, 2, K, V, GDN2, dtype=torch.bfloat16, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_bwd_gpu_finite_at_minus_20():
+    inputs, cu, do, dfinal = build_case(1, 4096, 2, 2, 128, 128, KDA, dtype=torch.bfloat16, device="cuda")
+    g = inputs[3]
+    g[..., ::3] = -20.0
+    got = run_bwd(inputs, 128**-0.5, cu, do, dfinal, 64)
+    for name, x in zip(GRAD_NAMES, got):
+        if x is not None:
+            assert bool(torch.isfinite(x).all()), f"{name} has NaN/inf"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kinds", [GDN, GDN2], ids=["gdn", "gdn2"])
+def test_bwd_gpu_deterministic(kinds):
+    inputs, cu, do, dfinal = build_case(1, 1024, 4, 8, 128, 128, kinds, dtype=torch.bfloat16,
+                                        seqlens=[500, 524], device="cuda")
+    first = run_bwd(inputs, 0.1, cu, do, dfinal, 64)
+    second = run_bwd(inputs, 0.1, cu, do, dfinal, 64)
+    for name, a, c in zip(GRAD_NAMES, first, second):
+        assert torch.equal(a, c), f"{name} differs between two runs"
