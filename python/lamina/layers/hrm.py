@@ -73,8 +73,11 @@ class HRMGatedUpdate(nn.Module):
             raise ValueError("context must be given: this HRMGatedUpdate was built with context=True")
         if not self.has_context and context is not None:
             raise ValueError("context must be None: this HRMGatedUpdate was built with context=False")
-        parts = (h, c, context) if self.has_context else (h, c)
-        logits = self.proj(torch.cat(parts, dim=-1))
+        # one dtype for the fused op: under autocast the block output c and the logits may be
+        # lower precision than the state h
+        c = c.to(h.dtype)
+        parts = (h, c, context.to(h.dtype)) if self.has_context else (h, c)
+        logits = self.proj(torch.cat(parts, dim=-1)).to(h.dtype)
         return hrm_gated_update(h, c, logits, self.bias, self.norm_weight, eps=self.eps, backend=self.backend)
 
     def extra_repr(self) -> str:
