@@ -117,6 +117,7 @@ def _run(argv: list[str]) -> int:
             cfg.time_budget_s = QUICK_TIME_BUDGET_S
     cfg.providers = [p for p in cfg.providers if p not in exclude]
 
+    _warn_if_oversubscribed(device)
     out = None if args.no_save else Path(args.out) if args.out else default_results_path(device)
     writer = ResultWriter(out)
     progress = Progress()
@@ -130,6 +131,17 @@ def _run(argv: list[str]) -> int:
         print(f"results appended to {out}")
     errors = [r for r in records if r.get("status") == "error"]
     return 1 if errors else 0
+
+
+def _warn_if_oversubscribed(device: str) -> None:
+    """CPU timings are meaningless when other processes hold the cores: say so before running."""
+    if device != "cpu" or not hasattr(os, "getloadavg"):
+        return
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        print(f"lamina bench: warning: load average {load:.1f} on {cores} cores; CPU timings will be noisy, and "
+              "multi-threaded ops slow down most (OpenMP threads wait for each other): try --threads 1",
+              file=sys.stderr)
 
 
 def _providers(argv: list[str]) -> int:

@@ -80,6 +80,7 @@ def environment(device: str) -> dict[str, Any]:
         "device_name": device_name(device),
         "gpu": device_name(device) if device == "cuda" else None,
         "cpu_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "commit": _git(root, "rev-parse", "HEAD"),
         "dirty": bool(status) if root is not None else None,
         "lamina": _version("lamina"),
