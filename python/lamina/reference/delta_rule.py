@@ -100,8 +100,9 @@ def _prepare(
     if scale is None:
         scale = K**-0.5
     group = HV // H
-    q = q.to(dtype).repeat_interleave(group, dim=2) * scale
-    k = k.to(dtype).repeat_interleave(group, dim=2)
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    q, k = q.to(dtype) * scale, k.to(dtype)
     v = v.to(dtype)
     per_head = lambda x: None if x is None else (x.to(dtype) if x.dim() == 4 else x.to(dtype).unsqueeze(-1))
     g, erase, write = per_head(g), per_head(erase), per_head(write)
@@ -229,11 +230,11 @@ class _ChunkLayout:
         self.scatter[self.gather[valid]] = torch.arange(valid.numel(), device=device)[valid.flatten()]
 
     def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, HV, D] tokens -> [NC, HV, C, D] chunks, zero-padded."""
+        """[T, HV, D] tokens -> [NC, HV, C, D] chunks, zero-padded, contiguous (every later op is faster)."""
         if self.uniform:
-            return rearrange(x, "(n j c) h d -> (j n) h c d", n=self.sequences, c=self.size)
+            return rearrange(x, "(n j c) h d -> (j n) h c d", n=self.sequences, c=self.size).contiguous()
         padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])], dim=0)
-        return rearrange(padded[self.gather], "n c h d -> n h c d")
+        return rearrange(padded[self.gather], "n c h d -> n h c d").contiguous()
 
     def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """[NC, HV, C, D] chunks -> [T, HV, D] tokens."""
@@ -249,51 +250,53 @@ def _causal_decayed_scores(
 
     ``xs``, ``y``: [..., C, K]; ``G``: None, [..., C, 1] or [..., C, K], non-increasing along C.
     Every exponent formed is ``<= 0``: masked to -inf before ``exp`` where it would be positive.
+    (In-place ops below act only on fresh temporaries whose old values autograd does not keep.)
     """
     C = y.shape[-2]
-    causal = torch.ones(C, C, dtype=torch.bool, device=y.device).tril()
     if G is None:
-        return [(x @ y.transpose(-1, -2)).masked_fill(~causal, 0) for x in xs]
+        return [(x @ y.transpose(-1, -2)).tril_() for x in xs]
     if G.shape[-1] == 1:
-        decay = (G - G.transpose(-1, -2)).masked_fill(~causal, -math.inf).exp()
+        above = torch.ones(C, C, dtype=torch.bool, device=y.device).triu(1)
+        decay = (G - G.transpose(-1, -2)).masked_fill_(above, -math.inf).exp_()
         return [(x @ y.transpose(-1, -2)) * decay for x in xs]
-    return list(_channel_decayed_scores(torch.stack(xs), y, G).unbind(0))
+    return _channel_decayed_scores(xs, y, G)
 
 
-def _channel_decayed_scores(x: torch.Tensor, y: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """Per-channel decay: ``x`` [n, ..., C, K], ``y`` and ``G`` [..., C, K] -> [n, ..., C, C].
+def _channel_decayed_scores(xs: tuple[torch.Tensor, ...], y: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
+    """Per-channel decay, built over a binary split of the chunk.
 
-    Built over a binary split of the chunk. At split size s, each pair of neighbouring blocks
-    (top, bottom) contributes the bottom-left s x s block: with r the last row of the top block,
-    ``exp(G_i - G_j) = exp(G_i - G_r) * exp(G_r - G_j)`` for i in bottom and j in top, so both
-    factors have exponent <= 0 and it is one rank-K product. The diagonal needs no decay.
-    Work is O(C K log C) exponentials instead of the O(C^2 K) of the direct pairwise form.
+    At split size s, each pair of neighbouring blocks (top, bottom) contributes the bottom-left
+    s x s block: with r the last row of the top block, ``exp(G_i - G_j) = exp(G_i - G_r) *
+    exp(G_r - G_j)`` for i in bottom and j in top, so both factors have exponents <= 0 and the
+    block is one rank-K product. The diagonal needs no decay. This forms O(C K log C)
+    exponentials instead of the O(C^2 K) of the direct pairwise form.
     """
     C = y.shape[-2]
     width = 1 << (C - 1).bit_length()
     if width != C:
         # Pad to a power of two: zero x and y, G held at its last value (no decay, exponents stay <= 0).
-        x, y = F.pad(x, (0, 0, 0, width - C)), F.pad(y, (0, 0, 0, width - C))
+        xs = tuple(F.pad(x, (0, 0, 0, width - C)) for x in xs)
+        y = F.pad(y, (0, 0, 0, width - C))
         G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], width - C, G.shape[-1])], dim=-2)
-    # A fresh buffer filled block by block; each block is written once, so autograd sees plain copies.
-    scores = x.new_zeros(*x.shape[:-1], width)
-    scores.diagonal(dim1=-2, dim2=-1).copy_((x * y).sum(-1))
+    # Fresh buffers filled block by block; each entry is written once, so autograd sees plain copies.
+    scores = [x.new_zeros(*x.shape[:-1], width) for x in xs]
+    for out, x in zip(scores, xs):
+        out.diagonal(dim1=-2, dim2=-1).copy_((x * y).sum(-1))
     s = 1
     while s < width:
         nb = width // (2 * s)
-        Gb, xb, yb = (t.unflatten(-2, (nb, 2, s)) for t in (G, x, y))
+        Gb, yb = G.unflatten(-2, (nb, 2, s)), y.unflatten(-2, (nb, 2, s))
         ref = Gb[..., 0, s - 1 : s, :]  # last row of each top block: [..., nb, 1, K]
-        rows = xb[..., 1, :, :] * (Gb[..., 1, :, :] - ref).exp()
-        cols = yb[..., 0, :, :] * (ref - Gb[..., 0, :, :]).exp()
-        if s == 1:
-            low = (rows * cols).sum(-1, keepdim=True)
-        else:
-            low = rows @ cols.transpose(-1, -2)  # [n, ..., nb, s, s]
-        blocks = scores.unflatten(-2, (nb, 2, s)).unflatten(-1, (nb, 2, s))  # [..., nb, 2, s, nb, 2, s]
-        pairs = blocks.diagonal(dim1=-6, dim2=-3)  # [..., 2, s, 2, s, nb]
-        pairs[..., 1, :, 0, :, :].copy_(low.movedim(-3, -1))
+        row_decay = (Gb[..., 1, :, :] - ref).exp_()
+        cols = yb[..., 0, :, :] * (ref - Gb[..., 0, :, :]).exp_()
+        for out, x in zip(scores, xs):
+            rows = x.unflatten(-2, (nb, 2, s))[..., 1, :, :] * row_decay
+            low = (rows * cols).sum(-1, keepdim=True) if s == 1 else rows @ cols.transpose(-1, -2)
+            blocks = out.unflatten(-2, (nb, 2, s)).unflatten(-1, (nb, 2, s))  # [..., nb, 2, s, nb, 2, s]
+            pairs = blocks.diagonal(dim1=-6, dim2=-3)  # [..., 2, s, 2, s, nb]
+            pairs[..., 1, :, 0, :, :].copy_(low.movedim(-3, -1))
         s *= 2
-    return scores[..., :C, :C]
+    return [out[..., :C, :C] for out in scores]
 
 
 def delta_rule_family_chunk_ref(
@@ -348,33 +351,36 @@ def delta_rule_family_chunk_ref(
     G = None if g is None else flat(g).cumsum(dim=-2)  # [NC, HV, C, 1|K], padding adds no decay
 
     qk, ek = _causal_decayed_scores((q, e), k, G)
-    e_bar = e if G is None else e * G.exp()
-    # Unit lower-triangular solves: the diagonal of the matrix is never read.
-    ek = ek.tril(-1)
-    Y = torch.linalg.solve_triangular(ek, e_bar, upper=False, unitriangular=True)
+    # Unit lower-triangular solves read only the strictly lower part of ek (its diagonal is the
+    # b_i k_i . k_i of the scores and is ignored, and so is its gradient).
     U = torch.linalg.solve_triangular(ek, z, upper=False, unitriangular=True)
     if G is None:
+        Y = torch.linalg.solve_triangular(ek, e, upper=False, unitriangular=True)
         q_gamma, k_tail, gamma_last = q, k, None
     else:
+        gamma = G.exp()
+        Y = torch.linalg.solve_triangular(ek, e * gamma, upper=False, unitriangular=True)
         G_last = G[..., -1:, :]
-        q_gamma = q * G.exp()
-        k_tail = k * (G_last - G).exp()
+        q_gamma = q * gamma
+        k_tail = k * (G_last - G).exp_()
         gamma_last = G_last.exp().transpose(-1, -2)  # [NC, HV, 1|K, 1]
 
     order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
     state = h0.index_select(0, order) if layout.reordered else h0
     entering, new_values = [], []
+    # The sequential pass, on [chunks * HV, *, *] batches (baddbmm fuses each product with its sum).
+    U, Y, k_tail_t = U.flatten(0, 1), Y.flatten(0, 1), k_tail.transpose(-1, -2).flatten(0, 1)
     for start, active in zip(layout.start, layout.active):
-        chunk = slice(start, start + active)
+        rows = slice(start * HV, (start + active) * HV)
         s = state[:active]
-        v_new = U[chunk] - Y[chunk] @ s
+        v_new = torch.baddbmm(U[rows], Y[rows], s.flatten(0, 1), alpha=-1)
         entering.append(s)
-        new_values.append(v_new)
-        decayed = s if gamma_last is None else gamma_last[chunk] * s
-        s = decayed + k_tail[chunk].transpose(-1, -2) @ v_new
+        new_values.append(v_new.unflatten(0, (active, HV)))
+        decayed = s if gamma_last is None else gamma_last[start : start + active] * s
+        s = torch.baddbmm(decayed.flatten(0, 1), k_tail_t[rows], v_new).unflatten(0, (active, HV))
         state = s if active == state.shape[0] else torch.cat([s, state[active:]], dim=0)
     entering_t, v_new_t = torch.cat(entering, dim=0), torch.cat(new_values, dim=0)
-    o = q_gamma @ entering_t + qk @ v_new_t
+    o = torch.matmul(q_gamma, entering_t).add_(qk @ v_new_t)
     o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
 
     final = None
