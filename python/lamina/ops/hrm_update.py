@@ -416,7 +416,7 @@ def hrm_update_bytes(
     if mode not in ("fwd", "bwd", "fwd+bwd"):
         raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd+bwd', got {mode!r}")
     n, d = _rows_d(shape)
-    e, pe = torch.empty((), dtype=dtype).element_size(), torch.empty((), dtype=param_dtype).element_size()
+    e, pe = dtype.itemsize, param_dtype.itemsize
     rstd_e = 8 if dtype == torch.float64 else 4
     nd = n * d
     gate_elems = nd if gate == "channel" else n
