@@ -16,8 +16,6 @@ D = 384 is 256 + 128, D = 512 is 256 + 256; D = 96 is one 128-wide piece with ma
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -47,8 +45,6 @@ LOG2E = 1.4426950408889634
 # The same constants as values a @triton.jit function can read.
 LOG2E_C = tl.constexpr(1.4426950408889634)
 LN2_C = tl.constexpr(0.6931471805599453)
-
-TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def output_pieces(head_dim: int, piece_max: int = PIECE_MAX) -> tuple[tuple[int, int], ...]:
@@ -88,12 +84,6 @@ def head_dim_bucket(head_dim: int) -> int:
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs get full-precision products (a GPU would otherwise round them to TF32)."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-@functools.cache
-def is_hopper() -> bool:
-    """True on sm_90 devices (separate tile choices could key on this; today both archs share them)."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
 def keep_bucket_configs(table: dict[int, list[triton.Config]]):
