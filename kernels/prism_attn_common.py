@@ -32,10 +32,10 @@ PIECE_MAX = 256
 PIECE_MIN = 16
 # Widest head dim whose query tile stays resident in a program (FlashAttention-2's regime).
 RESIDENT_MAX = 128
-# Chunk of the head dim for the Q K^T reduction above RESIDENT_MAX. Measured on sm_90 (bf16,
-# BLOCK_M = BLOCK_N = 64, 8 warps, D = 512, 256 output columns): the query held whole spills
-# (44 STL); 256- and 128-wide reloaded chunks spill (63 and 18 STL); 64-wide chunks use 230
-# registers and no spills.
+# Chunk of the head dim for the Q K^T reduction above RESIDENT_MAX. Measured on sm_90 for a
+# minimal forward compiled without argument specialisation (bf16, BLOCK_M = BLOCK_N = 64, 8 warps,
+# D = 512, 256 output columns): the query held whole spilled (44 STL); 256- and 128-wide reloaded
+# chunks spilled (63 and 18 STL); 64-wide chunks used 230 registers and no spills.
 REDUCTION_CHUNK = 64
 # Under the interpreter every chunk costs a Python-level round of numpy calls: wider chunks keep the
 # tests fast and still cover full and masked chunks (D = 320 is 128 + 128 + a masked 64 of 128).

@@ -38,9 +38,8 @@ from lamina.kernels.prism_attn_common import (
 # Tile configurations per head-dim bucket (checked by the static report: 0 spills, HGMMA, shared
 # memory within sm_90 and sm_80 limits). Measured with 16-divisible strides, bf16, causal:
 # D <= 128 keeps FlashAttention-2's 128 x 64 tiles (<= 240 registers, <= 128 KB shared); at 256,
-# BLOCK_M = 128 spills (103 STL even for a minimal kernel), 64 x 64 does not (160 KB on sm_90);
-# above 256 the pipelined query and key chunks need BLOCK_N = 32 to stay under sm_90's 227 KB
-# (64 x 64: 256 KB).
+# BLOCK_M = 128 spills (8 STL, 192 KB), 64 x 64 does not (160 KB on sm_90); above 256 the
+# pipelined query and key chunks need BLOCK_N = 32 (64 x 64: 3 STL and 256 KB, over sm_90's 227 KB).
 FWD_CONFIGS: dict[int, list[triton.Config]] = {
     64: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3)],
     128: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)],
