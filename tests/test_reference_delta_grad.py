@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lamina.reference import delta_rule
 from lamina.reference.delta_rule import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
 from tests.tolerances import assert_close
 
@@ -24,19 +25,25 @@ def _one_intra_op_thread():
 
 
 GRAD_CASES = {
-    # name: (decay, erase, write, T, H, HV, K, V, seqlens)
-    "delta": (None, "channel", "head", 7, 1, 2, 4, 3, None),
-    "gated (scalar decay)": ("head", "head", "head", 9, 1, 1, 3, 4, None),
-    "kda (channel decay)": ("channel", "head", "head", 6, 1, 1, 4, 4, None),
-    "gdn2 (channel decay, channel gates)": ("channel", "channel", "channel", 9, 1, 2, 4, 3, None),
-    "gdn2 varlen": ("channel", "channel", "channel", 0, 1, 1, 3, 3, [5, 3]),
+    # name: (decay, erase, write, T, H, HV, K, V, seqlens, chunk size)
+    "delta": (None, "channel", "head", 7, 1, 2, 4, 3, None, 4),
+    "gated (scalar decay)": ("head", "head", "head", 9, 1, 1, 3, 4, None, 4),
+    "kda (channel decay)": ("channel", "head", "head", 6, 1, 1, 4, 4, None, 4),
+    "gdn2 (channel decay, channel gates)": ("channel", "channel", "channel", 9, 1, 2, 4, 3, None, 4),
+    "gdn2 varlen": ("channel", "channel", "channel", 0, 1, 1, 3, 3, [5, 3], 4),
+    "gdn2 chunk 3 (padded split)": ("channel", "channel", "channel", 7, 1, 1, 3, 3, None, 3),
 }
 
 
 @pytest.mark.parametrize("name", list(GRAD_CASES))
-def test_chunk_ref_gradcheck(name):
-    """Analytic gradients of the chunk ref against finite differences, for every input it takes."""
-    decay, erase, write, T, H, HV, K, V, seqlens = GRAD_CASES[name]
+def test_chunk_ref_gradcheck(name, monkeypatch):
+    """Analytic gradients of the chunk ref against finite differences, for every input it takes.
+
+    The channel-decay scores are computed in groups of chunk-heads; a group of 2 here makes
+    every case span several groups.
+    """
+    monkeypatch.setattr(delta_rule, "CACHE_BLOCK_ELEMENTS", 2 * 4 * 4)
+    decay, erase, write, T, H, HV, K, V, seqlens, chunk_size = GRAD_CASES[name]
     B, N = 1, 1
     if seqlens is not None:
         T, N = sum(seqlens), len(seqlens)
@@ -56,7 +63,7 @@ def test_chunk_ref_gradcheck(name):
     def fn(*tensors):
         kwargs = dict(zip(names, tensors))
         return delta_rule_family_chunk_ref(
-            **kwargs, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=4
+            **kwargs, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=chunk_size
         )
 
     inputs = tuple(x.requires_grad_() for x in leaves.values())
@@ -107,3 +114,18 @@ def test_strong_channel_decay_finite_and_correct_t1024():
 
 def test_strong_channel_decay_finite_t4096():
     check_finite_forward_backward(strong_channel_decay_inputs(4096))
+
+
+def test_grouped_channel_scores_match_one_group(monkeypatch):
+    """Outputs and gradients do not depend on how the channel-decay scores are grouped."""
+    inputs = strong_channel_decay_inputs(200)
+    inputs["g"] = inputs["g"] / 10  # moderate decay, so that all gradients are far from zero
+    results = []
+    for block in (1 << 30, 16 * 64 * 3):  # one group; groups of 3 chunk-heads (C = 64, K = 16)
+        monkeypatch.setattr(delta_rule, "CACHE_BLOCK_ELEMENTS", block)
+        leaves = {key: x.double().requires_grad_() for key, x in inputs.items()}
+        o, s = delta_rule_family_chunk_ref(**leaves, output_final_state=True)
+        (o.square().sum() + s.square().sum()).backward()
+        results.append([o, s] + [leaf.grad for leaf in leaves.values()])
+    for name, one, grouped in zip(["o", "final_state", *inputs], *results):
+        assert_close(name, grouped, one)
