@@ -56,6 +56,20 @@ class GateKind:
     CHANNEL = 1  # GDN-2: b [B, T, HV, K] (erase) or w [B, T, HV, V] (write)
 
 
+# (DECAY, ERASE, WRITE) flags of each variant.
+VARIANT_FLAGS = {
+    "delta": (DecayKind.NONE, GateKind.SCALAR, GateKind.SCALAR),
+    "gdn": (DecayKind.SCALAR, GateKind.SCALAR, GateKind.SCALAR),
+    "kda": (DecayKind.CHANNEL, GateKind.SCALAR, GateKind.SCALAR),
+    "gdn2": (DecayKind.CHANNEL, GateKind.CHANNEL, GateKind.CHANNEL),
+}
+
+
+def aligned_attrs(fn, signature: dict[str, str]) -> dict:
+    """What the JIT specialises for torch tensors: every pointer argument is 16-byte aligned."""
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+
+
 def decay_kind(g: torch.Tensor | None) -> int:
     if g is None:
         return DecayKind.NONE

@@ -39,8 +39,8 @@ from lamina.kernels.delta_chunk_common import (
     MIN_BLOCK,
     STATE_TILE_ELEMS,
     SUB_BLOCK_C,
+    VARIANT_FLAGS,
     DecayKind,
-    GateKind,
     _col_ptrs,
     _load_state,
     _masked_exp,
@@ -48,6 +48,7 @@ from lamina.kernels.delta_chunk_common import (
     _seq_bounds,
     _store_state,
     _vec_ptrs,
+    aligned_attrs,
     chunk_indices,
     decay_kind,
     gate_kind,
@@ -547,25 +548,14 @@ def delta_recurrent_fwd(
 # ----------------------------------------------------------------------------------------------
 # static report: default configurations compiled ahead of time (lamina info --kernels)
 # ----------------------------------------------------------------------------------------------
-_VARIANTS = {  # name: (DECAY, ERASE, WRITE)
-    "delta": (DecayKind.NONE, GateKind.SCALAR, GateKind.SCALAR),
-    "gdn": (DecayKind.SCALAR, GateKind.SCALAR, GateKind.SCALAR),
-    "kda": (DecayKind.CHANNEL, GateKind.SCALAR, GateKind.SCALAR),
-    "gdn2": (DecayKind.CHANNEL, GateKind.CHANNEL, GateKind.CHANNEL),
-}
 # (K, V) of the registered shapes: the common 128, the widest fla supports, and K = 512.
 _AOT_DIMS = ((64, 64), (128, 128), (256, 256), (512, 128))
 _AOT_BT = CHUNK_SIZE
 
 
-def _aligned(fn, signature: dict[str, str]) -> dict:
-    """What the JIT specialises for torch tensors: every pointer argument is 16-byte aligned."""
-    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
-
-
 def _register_aot_specs() -> None:
     io = "*bf16"
-    for variant, (decay, erase, write) in _VARIANTS.items():
+    for variant, (decay, erase, write) in VARIANT_FLAGS.items():
         g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
         for K, V in _AOT_DIMS:
             BK, NK = key_blocks(K)
@@ -581,7 +571,7 @@ def _register_aot_specs() -> None:
             prep_sig.update({c: "constexpr" for c in prep_c if c not in prep_sig})
             register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
                                  num_warps=8, num_stages=1,
-                                 meta={"attrs": _aligned(_delta_chunk_prep_fwd_kernel, prep_sig)}))
+                                 meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)}))
             BV = value_block(K, V)
             scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
                       "STORE_FINAL_STATE": True, "SAVE_STATES": True, "DOT_PREC": DOT_PRECISION,
@@ -605,7 +595,7 @@ def _register_aot_specs() -> None:
             rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
             register_aot(AotSpec("delta_recurrent_fwd", f"{label} BV={BVr}", _delta_recurrent_fwd_kernel,
                                  rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False,
-                                 meta={"attrs": _aligned(_delta_recurrent_fwd_kernel, rec_sig)}))
+                                 meta={"attrs": aligned_attrs(_delta_recurrent_fwd_kernel, rec_sig)}))
 
 
 _register_aot_specs()
