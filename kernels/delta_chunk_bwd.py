@@ -471,12 +471,15 @@ MAX_HEAD_DIM_K = 256
 MIN_DOT_DIM = 16
 # K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
 CHUNK_BLOCK = 64
-# K block of the prep kernel with per-channel decay: its column loop holds five [BT, BK] fp32 tiles,
-# which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
-PREP_BLOCK_K_PER_CHANNEL = 32
-# Element budget of the scan's dH tile [BK, BV] in registers (8192 fp32 = 32 registers per thread at
-# 8 warps), which fixes BV from K.
-SCAN_TILE_ELEMENTS = 8192
+# K block of the prep and dqk kernels with per-channel decay: their column loops hold five or more
+# [BT, BK] fp32 tiles, which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
+PER_CHANNEL_BLOCK_K = 32
+# V block of the dqk kernel: it accumulates five [BT, 64] fp32 tiles over V blocks; V blocks of 32
+# spill on sm_90 (bf16, K = 128), 16 do not.
+DQK_BLOCK_V = 16
+# Element budget of the scan's dH [K, BV] in registers, which fixes BV from K: sm_90 compiles of
+# K = 128 spilled ~100-300 registers at BV = 32-64 and fit (or nearly) at BV = 16.
+SCAN_TILE_ELEMENTS = 2048
 # Widest V block of the scan: wider blocks leave too few programs for short batches.
 SCAN_MAX_BV = 64
 
@@ -549,8 +552,8 @@ def delta_chunk_bwd(
         chunk_size: 16, 32 or 64.
 
     Returns:
-        (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs; dg/db/dw are None
-        when that input is None, dinitial_state (float32) when initial_state is None.
+        (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs (dinitial_state is
+        float32); dg/db/dw are None when that input is None, dinitial_state when initial_state is None.
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
         check_tensor(name, x, ndim=4)
@@ -597,11 +600,10 @@ def delta_chunk_bwd(
     offs = chunk_offsets if chunk_offsets is not None else q
 
     A_buf = torch.empty(ntok, HV, BT, **f32)
-    bk_chunk = _pow2_block(K, CHUNK_BLOCK)
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
-    bk_prep = _pow2_block(K, PREP_BLOCK_K_PER_CHANNEL if decay == 2 else CHUNK_BLOCK)
+    bk_prep = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
         q, k, v, g_in, b_in, w_in, h, do, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt, BK=bk_prep,
         BV=_pow2_block(V, CHUNK_BLOCK), **dims, **flags)
@@ -618,7 +620,8 @@ def delta_chunk_bwd(
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags)
 
-    bv_chunk = _pow2_block(V, CHUNK_BLOCK)
+    bv_chunk = _pow2_block(V, DQK_BLOCK_V)
+    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
     nk = cdiv(K, bk_chunk)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
@@ -667,7 +670,7 @@ def _register_default_configs() -> None:
         _delta_chunk_bwd_prep_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
         _delta_chunk_bwd_dh_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=scan_block_v(K, V),
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
-        _delta_chunk_bwd_dqk_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
+        _delta_chunk_bwd_dqk_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, DQK_BLOCK_V)),
     }
     for fn, extra in blocks.items():
         jit = raw_jit(fn)
@@ -675,8 +678,8 @@ def _register_default_configs() -> None:
         for variant, decay, erase, write in _VARIANTS:
             constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
                               DOT_PRECISION="tf32", **extra)
-            if fn is _delta_chunk_bwd_prep_kernel and decay == 2:
-                constexprs["BK"] = _pow2_block(K, PREP_BLOCK_K_PER_CHANNEL)
+            if fn is not _delta_chunk_bwd_dh_kernel and decay == 2:
+                constexprs["BK"] = _pow2_block(K, PER_CHANNEL_BLOCK_K)
             register_aot(AotSpec(
                 name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']}", fn=jit,
                 signature=_aot_signature(fn, decay, erase, write), constexprs=constexprs,
