@@ -2,8 +2,9 @@
 #ifdef LAMINA_WITH_CUDA
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/library.h>
 
 #include <initializer_list>
@@ -83,7 +84,7 @@ at::Tensor hrm_update_fwd_cuda(const at::Tensor& h, const at::Tensor& c, const a
   p.per_channel = gate.size(1) == h.size(1);
   p.eps = static_cast<float>(eps);
   p.dtype = kernel_dtype(h);
-  const cudaError_t err = hrm::fwd_launch(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = hrm::fwd_launch(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "hrm_update forward launch failed: ", cudaGetErrorString(err));
   return rstd;
 }
@@ -125,10 +126,12 @@ std::vector<at::Tensor> hrm_update_bwd_cuda(const at::Tensor& dy, const at::Tens
   p.d = h.size(1);
   p.per_channel = gate.size(1) == h.size(1);
   p.dtype = kernel_dtype(h);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int sms = 0;
+  const cudaError_t attr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, h.get_device());
+  TORCH_CHECK(attr == cudaSuccess, "hrm_update: cannot read the SM count: ", cudaGetErrorString(attr));
   at::Tensor ws = at::empty({static_cast<int64_t>(hrm::bwd_workspace_floats(p, sms))}, f32);
   const cudaError_t err = hrm::bwd_launch(p, ws.numel() ? ws.data_ptr<float>() : nullptr, sms,
-                                          at::cuda::getCurrentCUDAStream());
+                                          c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "hrm_update backward launch failed: ", cudaGetErrorString(err));
   // absent parameters get empty gradients: the op returns a fixed list of tensors
   at::Tensor dbias = bias ? dbias_f.to(bias->scalar_type()) : at::empty({0}, h.options());
