@@ -168,15 +168,10 @@ def test_gate_parameters_get_gradients_through_triton():
 
 
 def test_torch_path_gradcheck_float64():
+    """The CPU path (gate, beta and l2norm transforms + chunked reference) in float64, GVA with HV = 2H."""
     gen = torch.Generator().manual_seed(40)
-    q, k = torch.randn(1, 6, 1, 4, generator=gen, dtype=torch.float64), torch.randn(1, 6, 1, 4, generator=gen,
-                                                                                      dtype=torch.float64)
-    v = torch.randn(1, 6, 2, 3, generator=gen, dtype=torch.float64)
-    g, beta = torch.randn(1, 6, 2, generator=gen, dtype=torch.float64), torch.randn(1, 6, 2, generator=gen,
-                                                                                     dtype=torch.float64)
-    A_log, dt_bias = torch.randn(2, generator=gen, dtype=torch.float64), torch.randn(2, generator=gen,
-                                                                                      dtype=torch.float64)
-    args = [x.requires_grad_() for x in (q, k, v, g, beta, A_log, dt_bias)]
+    shapes = [(1, 4, 1, 3), (1, 4, 1, 3), (1, 4, 2, 2), (1, 4, 2), (1, 4, 2), (2,), (2,)]
+    args = [torch.randn(*s, generator=gen, dtype=torch.float64).requires_grad_() for s in shapes]
 
     def fn(q, k, v, g, beta, A_log, dt_bias):
         return lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,

@@ -8,7 +8,7 @@ from tolerances import assert_close
 
 from lamina.layers import DeltaRuleAttention
 
-D, T = 64, 20
+D, T = 64, 12
 
 
 def make(mode, backend, **kw):
