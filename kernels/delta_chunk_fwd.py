@@ -434,7 +434,7 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN"])(
     _delta_chunk_prep_fwd_kernel)
-_scan_fwd = autotune(_warps_stages((4, 8), (1, 2, 3)),
+_scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES"])(
     _delta_chunk_scan_fwd_kernel)
 _recurrent_fwd = autotune(_warps_stages((1, 2, 4), (1,)),
@@ -499,7 +499,7 @@ def delta_chunk_fwd(
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), **flags, **{**common, "BK": BKP, "NK": NKP})
-    BV = value_block(K, V)
+    BV = value_block(K, V, fp32=q.dtype == torch.float32)
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states else None
@@ -549,7 +549,7 @@ def delta_recurrent_fwd(
 # static report: default configurations compiled ahead of time (lamina info --kernels)
 # ----------------------------------------------------------------------------------------------
 # (K, V) of the registered shapes: the common 128, the widest fla supports, and K = 512.
-_AOT_DIMS = ((64, 64), (128, 128), (256, 256), (512, 128))
+_AOT_DIMS = ((128, 128), (256, 256), (512, 128))
 _AOT_BT = CHUNK_SIZE
 
 
@@ -583,7 +583,8 @@ def _register_aot_specs() -> None:
                         "scale": "fp32", "T": "i32"}
             scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
             register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
-                                 scan_sig, scan_c, num_warps=4, num_stages=2))
+                                 scan_sig, scan_c, num_warps=8, num_stages=1,
+                                 meta={"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
             BKr = max(next_power_of_2(K), MIN_BLOCK)
             BVr = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BKr))
             rec_c = {**base, "BK": BKr, "BV": BVr, "DECAY": decay, "ERASE": erase, "WRITE": write,
