@@ -67,12 +67,17 @@ PREP_BLOCK_V = 64
 # cumulative gate and their decayed copies) next to the [BT, BT] matrices; BK = 64 spilled on
 # sm_90 (static report), BK = 32 did not.
 PREP_BLOCK_K = 32
+# Diagonal block of the triangular solve (see the kernel). 64 (= the chunk): forward substitution
+# over all rows in fp32, no matrix products; 16: four 16-row substitutions merged with four
+# 64x64 fp32 products, which at tf32x3 spilled on sm_80 (static report), so the full
+# substitution is the default.
+SOLVE_BLOCK = 64
 
 
 def prep_key_blocks(K: int) -> tuple[int, int]:
     """(BK, NK) of the preparation kernel's K loop."""
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    bk = min(k_pad, PREP_BLOCK_K if k_pad <= 256 else 2 * PREP_BLOCK_K)
+    bk = min(k_pad, PREP_BLOCK_K)
     return bk, k_pad // bk
 
 
@@ -88,7 +93,7 @@ def _delta_chunk_prep_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_BLOCK: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
     NB: tl.constexpr = BT // SUB
@@ -177,26 +182,27 @@ def _delta_chunk_prep_fwd_kernel(
     tl.store(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), b_Aqk.to(DT), mask=m_t[:, None])
 
     # -- A = (I + L)^-1 -------------------------------------------------------------------------
-    # Block form: D = blockdiag(I + L) (16x16 blocks), N the strictly block-lower rest;
-    # (I + L)^-1 = (I + M)^-1 D^-1 with M = D^-1 N nilpotent (M^NB = 0), so
-    # (I + M)^-1 = I - M (NB = 2) or (I - M)(I + M^2) (NB = 4).
-    same = (o_t // SUB)[:, None] == (o_t // SUB)[None, :]
-    b_N = tl.where(same, 0.0, b_L)
+    # Block form with SOLVE_BLOCK-row diagonal blocks: D = blockdiag(I + L), N the strictly
+    # block-lower rest; (I + L)^-1 = (I + M)^-1 D^-1 with M = D^-1 N nilpotent (M^NS = 0), so
+    # (I + M)^-1 = I - M (NS = 2) or (I - M)(I + M^2) (NS = 4). SOLVE_BLOCK = BT is plain
+    # forward substitution in fp32 (no products).
+    NS: tl.constexpr = BT // SOLVE_BLOCK
+    same = (o_t // SOLVE_BLOCK)[:, None] == (o_t // SOLVE_BLOCK)[None, :]
     b_Lbd = tl.where(same, b_L, 0.0)
-    # D^-1 by forward substitution inside every sub-block at once, kept transposed
+    # D^-1 by forward substitution inside every diagonal block at once, kept transposed
     # (b_DiT[c, m] = D^-1[m, c]) so that no step needs a layout change.
     b_DiT = eye
-    for j in range(1, SUB):
-        row_of = (o_t // SUB) * SUB + j
+    for j in range(1, SOLVE_BLOCK):
+        row_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + j
         coef = tl.sum(tl.where(o_t[:, None] == row_of[None, :], b_Lbd, 0.0), 0)
         vals = -tl.sum(coef[None, :] * b_DiT, 1)
         b_DiT = tl.where(o_t[None, :] == row_of[:, None], vals[:, None] + eye, b_DiT)
     b_Di = tl.trans(b_DiT)
-    if NB == 1:
+    if NS == 1:
         b_A = b_Di
     else:
-        b_M = tl.dot(b_Di, b_N, input_precision=DOT_PREC)
-        if NB == 2:
+        b_M = tl.dot(b_Di, tl.where(same, 0.0, b_L), input_precision=DOT_PREC)
+        if NS == 2:
             b_P = eye - b_M
         else:
             b_M2 = tl.dot(b_M, b_M, input_precision=DOT_PREC)
@@ -498,7 +504,8 @@ def delta_chunk_fwd(
         BKP, NKP = prep_key_blocks(K)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
-            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), **flags, **{**common, "BK": BKP, "NK": NKP})
+            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), SOLVE_BLOCK=min(SOLVE_BLOCK, BT), **flags,
+            **{**common, "BK": BKP, "NK": NKP})
     BV = value_block(K, V, fp32=q.dtype == torch.float32)
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
@@ -551,6 +558,8 @@ def delta_recurrent_fwd(
 # (K, V) of the registered shapes: the common 128, the widest fla supports, and K = 512.
 _AOT_DIMS = ((128, 128), (256, 256), (512, 128))
 _AOT_BT = CHUNK_SIZE
+# K = 512 is a stretch goal (forward only): its configs are reported but not held to the defaults' bar.
+MAX_K_DEFAULT = 256
 
 
 def _register_aot_specs() -> None:
@@ -561,16 +570,18 @@ def _register_aot_specs() -> None:
             BK, NK = key_blocks(K)
             base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False}
             label = f"{variant} bf16 K={K} V={V}"
+            default = K <= MAX_K_DEFAULT
             BKP, NKP = prep_key_blocks(K)
             prep_c = {**base, "BT": _AOT_BT, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "DECAY": decay,
-                      "ERASE": erase, "WRITE": write, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
+                      "ERASE": erase, "WRITE": write, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None,
+                      "SOLVE_BLOCK": SOLVE_BLOCK}
             if decay == DecayKind.NONE:
                 prep_c.update(g=None, gcum=None)
             prep_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io, "u": io,
                         "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
             prep_sig.update({c: "constexpr" for c in prep_c if c not in prep_sig})
             register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
-                                 num_warps=8, num_stages=1,
+                                 num_warps=8, num_stages=1, default=default,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)}))
             BV = value_block(K, V)
             scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
@@ -583,7 +594,7 @@ def _register_aot_specs() -> None:
                         "scale": "fp32", "T": "i32"}
             scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
             register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
-                                 scan_sig, scan_c, num_warps=8, num_stages=1,
+                                 scan_sig, scan_c, num_warps=8, num_stages=1, default=default,
                                  meta={"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
             BKr = max(next_power_of_2(K), MIN_BLOCK)
             BVr = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BKr))
@@ -595,7 +606,7 @@ def _register_aot_specs() -> None:
                        "ht": "*fp32", "cu_seqlens": "constexpr", "scale": "fp32", "T": "i32"}
             rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
             register_aot(AotSpec("delta_recurrent_fwd", f"{label} BV={BVr}", _delta_recurrent_fwd_kernel,
-                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False,
+                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False, default=default,
                                  meta={"attrs": aligned_attrs(_delta_recurrent_fwd_kernel, rec_sig)}))
 
 

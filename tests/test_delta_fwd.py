@@ -192,3 +192,12 @@ def test_chunk_indices_numbering():
     dense = chunk_indices(None, 2, 33, 16)
     assert dense.total == 6 and dense.offsets.tolist() == [0, 3, 6]
     assert dense.indices.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+
+
+@pytest.mark.parametrize("solve_block", [16, 32])
+def test_blocked_triangular_solve(monkeypatch, solve_block):
+    """The alternative solve (diagonal blocks merged with products) gives the same results."""
+    import lamina.kernels.delta_chunk_fwd as fwd
+
+    monkeypatch.setattr(fwd, "SOLVE_BLOCK", solve_block)
+    check_against_reference("gdn2", 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
