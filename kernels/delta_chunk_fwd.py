@@ -61,24 +61,26 @@ from lamina.kernels.delta_chunk_common import (
 # each operand in two TF32 halves and keeps tensor cores at about fp32 accuracy. bf16/fp16
 # operands ignore the setting.
 DOT_PRECISION = "tf32x3"
-# V tile of the preparation kernel's U = A Z loop (a [BT, 64] fp32 tile is 32 registers a thread).
-PREP_BLOCK_V = 64
-# K tile of the preparation kernel: it holds about ten [BT, BK] fp32 tiles (k, q, b*k, the
-# cumulative gate and their decayed copies) next to the [BT, BT] matrices; BK = 64 spilled on
-# sm_90 (static report), BK = 32 did not.
-PREP_BLOCK_K = 32
+# V tile of the preparation kernel's U = A Z loop; K tile of its K loops. The per-channel decay
+# path holds about ten [BT, BK] fp32 tiles (k, q, b*k, the cumulative gate and decayed copies)
+# next to the [BT, BT] matrices and needs the narrower K tile. Static report (sm_80, 8 warps):
+# a V tile of 64 spilled; per-channel with BK = 64 spilled; scalar decay with BK = 32 spilled.
+PREP_BLOCK_V = 32
+PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
+
+
+def prep_key_blocks(K: int, decay: int) -> tuple[int, int]:
+    """(BK, NK) of the preparation kernel's K loops."""
+    k_pad = max(next_power_of_2(K), MIN_BLOCK)
+    bk = min(k_pad, PREP_BLOCK_K[decay])
+    return bk, k_pad // bk
+
+
 # Diagonal block of the triangular solve (see the kernel). 64 (= the chunk): forward substitution
 # over all rows in fp32, no matrix products; 16: four 16-row substitutions merged with four
 # 64x64 fp32 products, which at tf32x3 spilled on sm_80 (static report), so the full
 # substitution is the default.
 SOLVE_BLOCK = 64
-
-
-def prep_key_blocks(K: int) -> tuple[int, int]:
-    """(BK, NK) of the preparation kernel's K loop."""
-    k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    bk = min(k_pad, PREP_BLOCK_K)
-    return bk, k_pad // bk
 
 
 # ----------------------------------------------------------------------------------------------
@@ -501,7 +503,7 @@ def delta_chunk_fwd(
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     if index.total > 0:
-        BKP, NKP = prep_key_blocks(K)
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"])
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), SOLVE_BLOCK=min(SOLVE_BLOCK, BT), **flags,
@@ -571,7 +573,7 @@ def _register_aot_specs() -> None:
             base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False}
             label = f"{variant} bf16 K={K} V={V}"
             default = K <= MAX_K_DEFAULT
-            BKP, NKP = prep_key_blocks(K)
+            BKP, NKP = prep_key_blocks(K, decay)
             prep_c = {**base, "BT": _AOT_BT, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "DECAY": decay,
                       "ERASE": erase, "WRITE": write, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None,
                       "SOLVE_BLOCK": SOLVE_BLOCK}
