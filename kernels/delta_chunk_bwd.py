@@ -39,9 +39,14 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four 64-row key blocks).
    It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
    writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
-3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): ``dP``, ``dM`` and the inter-chunk
-   products over V blocks, then the intra-chunk products, ``dq``, ``dk``, ``db``, ``dg``. One program
-   loops over the value heads sharing a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
+3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): per value head, first the products
+   with ``S0`` and ``dH`` over V blocks (the inter-chunk parts of ``dq``, ``dE``, ``dk``), then ``dP``
+   and ``dM`` over V blocks with their intra-chunk products added on (one ``[BT, BT]`` tile at a time
+   without per-channel decay), then ``db`` and ``dg``. One program loops over the value heads sharing
+   a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
+
+All three run with ``NUM_WARPS`` warps and ``NUM_STAGES`` stages and the blocks of ``bwd_tiles``, which
+the static report (``lamina info --kernels``) compiles too: what it reports is what runs.
 
 Per-channel decay (DECAY 2) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
@@ -51,31 +56,30 @@ decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from lamina._validate import check_cu_seqlens, check_shape, check_tensor
-from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, raw_jit, register_aot
+from lamina.kernels._utils import AotSpec, cdiv, next_power_of_2, raw_jit, register_aot
 from lamina.kernels.delta_chunk_bwd_parts import (
     chunk_bounds,
     gated_gram,
     gated_intra_grads,
     load_gate,
     load_rows,
+    load_tile,
     load_vec,
     row_of,
+    rows_gram,
     tile_ptr,
     unit_lower_inverse,
 )
-
-# Tried configurations: dims, dtypes and variant flags are the keys, never T or the number of sequences.
-_AUTOTUNE_KEY = ["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE"]
-# Every kernel holds several [BT, 64] fp32 tiles: 8 warps is the default that fits (4 spills on sm_90).
-_CONFIGS_WIDE = [triton.Config({}, num_warps=w, num_stages=s) for w in (8, 4) for s in (1, 2)]
+from lamina.kernels.delta_chunk_common import aligned_attrs
 
 
-@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
     q, k, v, g, b, w, h, do, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices, scale, T, NT,
@@ -222,7 +226,6 @@ def _state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.co
         return dh
 
 
-@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dh_kernel(
     k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
@@ -334,7 +337,6 @@ def _delta_chunk_bwd_dh_kernel(
             _state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
 
 
-@autotune(_CONFIGS_WIDE, key=_AUTOTUNE_KEY)
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dqk_kernel(
     q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
@@ -344,6 +346,10 @@ def _delta_chunk_bwd_dqk_kernel(
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
+    # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
+    # gradients' inter-chunk parts; (2) dP and dM over V blocks; (3) the intra-chunk products, added
+    # onto the results of (1).
     i_ch = tl.program_id(0)
     i_k = tl.program_id(1)
     i_c = i_ch // H
@@ -363,75 +369,89 @@ def _delta_chunk_bwd_dqk_kernel(
     row_mask = o_t < L
     tile_mask = row_mask[:, None] & ((k0 + o_k) < K)[None, :]
 
-    q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-    k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
     dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
     dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
     for i_g in range(GROUP):
         i_hv = i_h * GROUP + i_g
-        if ERASE == 1:
-            b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
-        else:
-            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
-        e_t = k_t * b_t
-
-        dP = tl.zeros([BT, BT], dtype=tl.float32)
-        dMn = tl.zeros([BT, BT], dtype=tl.float32)
-        dQi = tl.zeros([BT, BK], dtype=tl.float32)
-        dEi = tl.zeros([BT, BK], dtype=tl.float32)
-        dKt = tl.zeros([BT, BK], dtype=tl.float32)
-        dgc = tl.zeros([BK], dtype=tl.float32)
         chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
-        for v0 in range(0, V, BV):
-            do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            U_t = load_rows(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            dR_t = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            s_offs = (k0 + o_k)[:, None] * V + (v0 + o_bv)[None, :]
-            s_mask = ((k0 + o_k) < K)[:, None] & ((v0 + o_bv) < V)[None, :]
-            S0 = tl.load(h + chunk_state + s_offs, mask=s_mask, other=0.0)
-            dH = tl.load(dh_buf + chunk_state + s_offs, mask=s_mask, other=0.0)
-            U_T = tl.trans(U_t)
-            S0_T = tl.trans(S0.to(DT))
-            dP += tl.dot(do_t, U_T, input_precision=DOT_PRECISION)
-            dMn += tl.dot(dR_t, U_T, input_precision=DOT_PRECISION)
-            dQi += tl.dot(do_t, S0_T, input_precision=DOT_PRECISION)
-            dEi += tl.dot(dR_t, S0_T, input_precision=DOT_PRECISION)
-            dKt += tl.dot(U_t, tl.trans(dH.to(DT)), input_precision=DOT_PRECISION)
-            dgc += tl.sum(dH * S0, 1)
-        dP = tl.where(lower, dP * scale, 0.0)
-        dM = tl.where(strict, -dMn, 0.0)
 
+        # (1) dO S0^T, dR S0^T, U dH^T and rowsum(dH * S0)
+        dq_h = tl.zeros([BT, BK], dtype=tl.float32)
+        de_h = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_h = tl.zeros([BT, BK], dtype=tl.float32)
+        dgc = tl.zeros([BK], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            do_t = load_tile(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            dR_t = load_tile(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero")
+            d_ptr = tl.make_block_ptr(dh_buf + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            dH = tl.load(d_ptr, boundary_check=(0, 1), padding_option="zero")
+            S0_T = tl.trans(S0.to(DT))
+            dq_h = tl.dot(do_t, S0_T, dq_h, input_precision=DOT_PRECISION)
+            de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
+            dgc += tl.sum(dH * S0, 1)
         if DECAY == 2:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
             g_last = row_of(G, o_t, BT - 1)
             gamma = tl.exp(G)
             tail = tl.exp(g_last[None, :] - G)
-            dq_in, de_in, dk_in = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, BT, BK)
+        elif DECAY == 1:
+            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+            g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+            gamma = tl.exp(G)[:, None]
+            tail = tl.exp(g_last - G)[:, None]
         else:
+            gamma = 1.0
+            tail = 1.0
+        dq_h = dq_h * (gamma * scale)
+        de_h = -(de_h * gamma)
+        dk_h = dk_h * tail
+        if DECAY > 0:
+            k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+            # the chunk's total decay enters S_C through Kt and Diag(gamma_C)
+            last = tl.sum(k_t * dk_h, 0) + tl.exp(g_last) * dgc
+
+        # (2) dP = scale dO U^T (j <= i) and dM = -dR U^T (j < i), then their intra-chunk products
+        if ERASE == 1:
+            b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        else:
+            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        q_in = load_tile(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        k_in = load_tile(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        q_t = q_in.to(tl.float32)
+        k_t = k_in.to(tl.float32)
+        e_t = k_t * b_t
+        val_head = i_hv * V
+        if DECAY == 2:
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dP = tl.where(lower, dP * scale, 0.0)
+            dM = tl.where(strict, -dM, 0.0)
+            dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, dq_h, de_h, dk_h, BT)
+        else:
+            # one [BT, BT] tile at a time: dP's products are done before dM is formed
+            k_c = k_in.to(DT)
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             if DECAY == 1:
-                G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
-                g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
-                gamma = tl.exp(G)[:, None]
-                tail = tl.exp(g_last - G)[:, None]
-                decay = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
-                dP = dP * decay
-                dM = dM * decay
+                dP = dP * scale * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
             else:
-                gamma = 1.0
-                tail = 1.0
+                dP = tl.where(lower, dP * scale, 0.0)
             dP_c = dP.to(DT)
+            dq_h = tl.dot(dP_c, k_c, dq_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(tl.trans(dP_c), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            if DECAY == 1:
+                dM = -dM * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+            else:
+                dM = tl.where(strict, -dM, 0.0)
             dM_c = dM.to(DT)
-            k_c = k_t.to(DT)
-            dq_in = tl.dot(dP_c, k_c, input_precision=DOT_PRECISION)
-            de_in = tl.dot(dM_c, k_c, input_precision=DOT_PRECISION)
-            dk_in = tl.dot(tl.trans(dP_c), q_t.to(DT), input_precision=DOT_PRECISION)
-            dk_in += tl.dot(tl.trans(dM_c), e_t.to(DT), input_precision=DOT_PRECISION)
-        dq_h = gamma * dQi * scale + dq_in
-        de_h = de_in - gamma * dEi
-        dk_tail = tail * dKt
-        dk_gate = dk_in + dk_tail
+            de_h = tl.dot(dM_c, k_c, de_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(tl.trans(dM_c), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
         dq_acc += dq_h
-        dk_acc += dk_gate + b_t * de_h
+        dk_acc += dk_h + b_t * de_h
 
         if ERASE == 1:
             b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
@@ -440,10 +460,10 @@ def _delta_chunk_bwd_dqk_kernel(
             part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
             tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
         if DECAY > 0:
-            dG = q_t * dq_h + e_t * de_h - k_t * dk_gate
-            # the chunk's total decay enters S_C through Kt and Diag(gamma_C); rows past L repeat
-            # G[BT - 1], so adding on row BT - 1 reaches every valid row in the reverse sum
-            last = tl.sum(k_t * dk_tail, 0) + tl.exp(g_last) * dgc
+            # dk_h is dk without the erase term b*dE: the gradient through the gates' exponents.
+            # Rows past L repeat G[BT - 1], so adding ``last`` on row BT - 1 reaches every valid row
+            # in the reverse cumulative sum.
+            dG = q_t * dq_h + e_t * de_h - k_t * dk_h
             dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
             if DECAY == 2:
                 g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
@@ -474,14 +494,26 @@ CHUNK_BLOCK = 64
 # K block of the prep and dqk kernels with per-channel decay: their column loops hold five or more
 # [BT, BK] fp32 tiles, which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
 PER_CHANNEL_BLOCK_K = 32
-# V block of the dqk kernel: it accumulates five [BT, 64] fp32 tiles over V blocks; V blocks of 32
-# spill on sm_90 (bf16, K = 128), 16 do not.
+# K block of the dqk kernel where tensor-core products keep operands and accumulators in registers
+# (mma.sync: sm_80 and every target without warpgroup products). Its chained products get all 8 warps
+# along the 64 rows of a chunk (Triton's warpsPerCTA [8, 1]), so each 16-row slice is held twice and
+# a thread carries what it would with 4 warps. sm_80, bf16, K = 128: BK = 32 spilled (scalar decay
+# 8 STL, KDA 1 STL), BK = 16 compiled to 128-194 registers without spills for all four variants.
+MMA_SYNC_DQK_BLOCK_K = 16
+# V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
+# of two or three products at once; 16 columns keep them small next to the accumulators.
 DQK_BLOCK_V = 16
 # Element budget of the scan's dH [K, BV] in registers, which fixes BV from K: sm_90 compiles of
-# K = 128 spilled ~100-300 registers at BV = 32-64 and fit (or nearly) at BV = 16.
+# K = 128 spilled ~100-300 registers at BV = 32-64 and fit at BV = 16.
 SCAN_TILE_ELEMENTS = 2048
 # Widest V block of the scan: wider blocks leave too few programs for short batches.
 SCAN_MAX_BV = 64
+# Warps and pipeline stages of all three kernels, at run time and in the static report alike. Each
+# program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
+# (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
+# feeds products whose accumulators already use the registers a second stage would need.
+NUM_WARPS = 8
+NUM_STAGES = 1
 
 
 def _pow2_block(n: int, cap: int) -> int:
@@ -492,6 +524,35 @@ def scan_block_v(K: int, V: int) -> int:
     """V block of the reverse scan for key dim ``K``: ``BK * BV <= SCAN_TILE_ELEMENTS``."""
     bk = _pow2_block(K, MAX_HEAD_DIM_K)
     return _pow2_block(V, max(MIN_DOT_DIM, min(SCAN_MAX_BV, SCAN_TILE_ELEMENTS // bk)))
+
+
+class BwdTiles(NamedTuple):
+    """Key/value blocks of the three backward kernels for one shape and decay kind."""
+
+    prep_bk: int
+    prep_bv: int
+    scan_bk: int
+    scan_bv: int
+    dqk_bk: int
+    dqk_bv: int
+
+
+def has_warpgroup_mma(device: torch.device) -> bool:
+    """Hopper (sm_90): tensor-core products read their operands from shared memory (wgmma), so the
+    dqk kernel affords wider key blocks. False on CPU (the interpreter) and on every other GPU."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool) -> BwdTiles:
+    """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
+    decay kind ``decay`` (0 none, 1 scalar, 2 per channel), on a target with or without warpgroup
+    products (``has_warpgroup_mma``)."""
+    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
+    return BwdTiles(
+        prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK),
+        scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V),
+        dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
+    )
 
 
 def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):
@@ -603,33 +664,30 @@ def delta_chunk_bwd(
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
-    bk_prep = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
+    tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device))
+    launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, v, g_in, b_in, w_in, h, do, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt, BK=bk_prep,
-        BV=_pow2_block(V, CHUNK_BLOCK), **dims, **flags)
+        q, k, v, g_in, b_in, w_in, h, do, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt, BK=tiles.prep_bk,
+        BV=tiles.prep_bv, **dims, **flags, **launch)
 
-    bk_scan = _pow2_block(K, CHUNK_BLOCK)
-    bv_scan = scan_block_v(K, V)
-    nv = cdiv(V, bv_scan)
+    nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
     dw = torch.empty_like(w_in) if write == 1 else torch.empty(nv, ntok, HV, **f32)
     dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
         k, v, g_in, b_in, w_in, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
-        cu, offs, T, nt, ntok, BK=bk_scan, BV=bv_scan,
+        cu, offs, T, nt, ntok, BK=tiles.scan_bk, BV=tiles.scan_bv,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
-        **dims, **flags)
+        **dims, **flags, **launch)
 
-    bv_chunk = _pow2_block(V, DQK_BLOCK_V)
-    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
-    nk = cdiv(K, bk_chunk)
+    nk = cdiv(K, tiles.dqk_bk)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     db = torch.empty_like(b_in) if erase == 1 else torch.empty(nk, ntok, HV, **f32)
     dg = torch.empty_like(g_in) if decay == 2 else torch.empty(nk, ntok, HV, **f32)
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
         q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, scale, T, nt, ntok,
-        BK=bk_chunk, BV=bv_chunk, **dims, **flags)
+        BK=tiles.dqk_bk, BV=tiles.dqk_bv, **dims, **flags, **launch)
 
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)
@@ -649,15 +707,19 @@ def delta_chunk_bwd(
 _VARIANTS = (("deltanet", 0, 0, 0), ("gdn", 1, 0, 0), ("kda", 2, 0, 0), ("gdn2", 2, 1, 1))
 # The report's shape: bf16 activations, float32 gates and states, K = V = 128 (the common head size).
 _AOT_DIMS = dict(H=4, HV=4, K=128, V=128, BT=DEFAULT_CHUNK_SIZE)
+# The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
+_AOT_TARGETS = {90: True, 80: False}
 
 
 def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
+    """Argument types as the launcher passes them for bf16 activations (a gate that is None is
+    replaced by a tensor of the activations' dtype; per-token partial sums are float32)."""
     act, f32, i32 = "*bf16", "*fp32", "*i32"
     types = {
         "q": act, "k": act, "v": act, "do": act, "dq": act, "dk": act, "dv": act,
-        "g": f32, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
-        "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "P_buf": f32, "dh_buf": f32, "U_buf": f32, "dR_buf": f32,
-        "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
+        "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
+        "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
+        "dR_buf": f32, "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
         "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
         "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
     }
@@ -666,25 +728,34 @@ def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
 
 def _register_default_configs() -> None:
     K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
-    blocks = {
-        _delta_chunk_bwd_prep_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, CHUNK_BLOCK)),
-        _delta_chunk_bwd_dh_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=scan_block_v(K, V),
-                                         USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
-        _delta_chunk_bwd_dqk_kernel: dict(BK=_pow2_block(K, CHUNK_BLOCK), BV=_pow2_block(V, DQK_BLOCK_V)),
-    }
-    for fn, extra in blocks.items():
-        jit = raw_jit(fn)
-        config = fn.configs[0]
-        for variant, decay, erase, write in _VARIANTS:
-            constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
-                              DOT_PRECISION="tf32", **extra)
-            if fn is not _delta_chunk_bwd_dh_kernel and decay == 2:
-                constexprs["BK"] = _pow2_block(K, PER_CHANNEL_BLOCK_K)
-            register_aot(AotSpec(
-                name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']}", fn=jit,
-                signature=_aot_signature(fn, decay, erase, write), constexprs=constexprs,
-                num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=True,
-            ))
+    for variant, decay, erase, write in _VARIANTS:
+        for fn in (_delta_chunk_bwd_prep_kernel, _delta_chunk_bwd_dh_kernel, _delta_chunk_bwd_dqk_kernel):
+            jit = raw_jit(fn)
+            signature = _aot_signature(fn, decay, erase, write)
+            # the blocks each target runs with; a kernel whose blocks differ gets one entry per target
+            per_arch: dict[tuple, list[int]] = {}
+            for arch, warpgroup_mma in _AOT_TARGETS.items():
+                tiles = bwd_tiles(K, V, decay, warpgroup_mma)
+                blocks = {
+                    _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv),
+                    _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, USE_INITIAL_STATE=True,
+                                                     USE_FINAL_STATE_GRADIENT=True),
+                    _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),
+                }[fn]
+                per_arch.setdefault(tuple(blocks.items()), []).append(arch)
+            for blocks, archs in per_arch.items():
+                constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
+                                  DOT_PRECISION="tf32", **dict(blocks))
+                label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
+                # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
+                meta = {"attrs": aligned_attrs(jit, signature)}
+                if len(per_arch) > 1:
+                    meta["archs"] = archs
+                register_aot(AotSpec(
+                    name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']} {label}", fn=jit,
+                    signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+                    uses_dot=True, meta=meta,
+                ))
 
 
 _register_default_configs()

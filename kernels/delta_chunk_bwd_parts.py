@@ -3,9 +3,10 @@
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
 * ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
-* ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside
+* ``load_tile`` / ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside
   the chunk.
 * ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
+* ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
 * ``unit_lower_inverse``: ``(I + M)^-1`` for a strictly lower triangular ``M``.
@@ -38,12 +39,18 @@ def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr)
 
 
 @triton.jit
-def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
-    """fp32 tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` (row stride ``row_stride``), zero for
-    ``o_t >= L`` or ``col0 + o_c >= N_COLS``. The int64 row offset ``t0 * row_stride`` goes into the
-    base pointer; a block pointer addresses the tile (no per-element 64-bit address registers)."""
+def load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """Tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` in the tensor's dtype (row stride ``row_stride``),
+    zero for ``o_t >= L`` or ``col0 + o_c >= N_COLS``. The int64 row offset ``t0 * row_stride`` goes
+    into the base pointer; the block pointer's offsets inside the tile are the tile's own."""
     bp = tile_ptr(ptr, t0, L, row_stride, head_off, col0, N_COLS, o_t.shape[0], o_c.shape[0])
-    return tl.load(bp, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    return tl.load(bp, boundary_check=(0, 1), padding_option="zero")
+
+
+@triton.jit
+def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """``load_tile`` in fp32."""
+    return load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS).to(tl.float32)
 
 
 @triton.jit
@@ -87,6 +94,20 @@ def col_of(X, o_t, j):
 
 
 @triton.jit
+def rows_gram(x, y, t0, L, row_stride, head_off, o_t, o_c, N_COLS, DT: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """``X Y^T`` (``[BT, BT]`` fp32) for the ``[BT, N_COLS]`` row blocks of one head of two
+    ``[tokens, row_stride]`` tensors, over column blocks of ``o_c.shape[0]``, operands in ``DT``."""
+    BC: tl.constexpr = o_c.shape[0]
+    R = tl.zeros([o_t.shape[0], o_t.shape[0]], dtype=tl.float32)
+    for c0 in range(0, N_COLS, BC):
+        x_t = load_tile(x, t0, L, row_stride, head_off, c0, o_t, o_c, N_COLS).to(DT)
+        y_t = load_tile(y, t0, L, row_stride, head_off, c0, o_t, o_c, N_COLS).to(DT)
+        R = tl.dot(x_t, tl.trans(y_t), R, input_precision=DOT_PRECISION)
+    return R
+
+
+@triton.jit
 def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
     """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), for two
     left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``).
@@ -108,17 +129,15 @@ def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
 
 
 @triton.jit
-def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, BT: tl.constexpr, BK: tl.constexpr):
+def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, dQ, dE, dK, BT: tl.constexpr):
     """Back-propagation through ``gated_gram`` for ``P = gram(Q, K)`` (lower incl. diagonal) and
     ``M = gram(E, K)`` (strictly lower), given their gradients ``dP`` and ``dM`` (``[BT, BT]``,
-    already masked; rows from ``n_rows`` on are padding and stay 0):
+    already masked; rows from ``n_rows`` on are padding and stay 0). Adds onto ``dQ, dE, dK``
+    (``[BT, BK]``) and returns them:
 
-    ``dQ_i = sum_j dP_ij K_j e^(G_i - G_j)``, ``dE_i = sum_j dM_ij K_j e^(G_i - G_j)``,
-    ``dK_j = sum_i (dP_ij Q_i + dM_ij E_i) e^(G_i - G_j)``.
+    ``dQ_i += sum_j dP_ij K_j e^(G_i - G_j)``, ``dE_i += sum_j dM_ij K_j e^(G_i - G_j)``,
+    ``dK_j += sum_i (dP_ij Q_i + dM_ij E_i) e^(G_i - G_j)``.
     """
-    dQ = tl.zeros([BT, BK], dtype=tl.float32)
-    dE = tl.zeros([BT, BK], dtype=tl.float32)
-    dK = tl.zeros([BT, BK], dtype=tl.float32)
     for j in range(0, tl.minimum(n_rows, BT)):
         row_j = (o_t == j)[:, None]
         col_j = (o_t == j)[None, :]
@@ -131,7 +150,7 @@ def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, BT: tl.constexpr, BK: tl
         dQ += p_j[:, None] * kg
         dE += m_j[:, None] * kg
         dk_j = tl.sum((p_j[:, None] * Q + m_j[:, None] * E) * gate, 0)
-        dK = tl.where(row_j, dk_j[None, :], dK)
+        dK = tl.where(row_j, dK + dk_j[None, :], dK)
     return dQ, dE, dK
 
 
@@ -150,6 +169,6 @@ def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
 
 
 __all__ = [
-    "chunk_bounds", "load_rows", "tile_ptr", "load_vec", "load_gate", "row_of", "col_of", "gated_gram",
+    "chunk_bounds", "load_tile", "load_rows", "tile_ptr", "load_vec", "load_gate", "row_of", "col_of", "rows_gram", "gated_gram",
     "gated_intra_grads", "unit_lower_inverse",
 ]

@@ -132,7 +132,9 @@ def compile_spec(spec, arch: int) -> KernelReport:
 def kernel_report(archs: tuple[int, ...] = DEFAULT_ARCHS, name_filter: str = "", jobs: int | None = None):
     """Compile every registered configuration for each arch; returns a list of KernelReport."""
     specs = _load_registry()
-    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name for arch in archs]
+    # meta["archs"]: a configuration that is the default on some targets only is compiled for those
+    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name for arch in archs
+            if arch in s.meta.get("archs", archs)]
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
     if jobs == 1 or len(work) <= 1:
         return [_compile_one(i, a) for i, a in work]
