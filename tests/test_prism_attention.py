@@ -7,7 +7,7 @@ import torch
 
 from lamina import prism_attention
 from lamina.reference.attention import attention_ref
-from tests.tolerances import assert_attention_close
+from tests.tolerances import assert_attention_close, assert_close
 
 
 def _qkv(b, t, s, h, hk, d, dtype=torch.float32, grad=False):
@@ -145,3 +145,18 @@ def test_torch_compile_fullgraph_torch_backend():
     g_ref = torch.autograd.grad(fn(q, k, v).sum(), (q, k, v))
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("causal, T, S", [(True, 33, 33), (True, 20, 47), (False, 47, 20), (True, 47, 20)])
+def test_torch_path_fused_and_blockwise_agree(causal, T, S):
+    """Without return_lse the torch backend may take PyTorch's fused attention; with it, the blockwise path.
+    Both compute in float32 and must agree (and the T > S causal rows with no key stay 0)."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, T, 4, 96, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, S, 2, 96, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, S, 2, 96, generator=gen, dtype=torch.float64)
+    fused = prism_attention(q.float(), k.float(), v.float(), causal=causal, backend="torch")
+    blockwise, _ = prism_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True,
+                                          backend="torch")
+    assert_close("o", fused, attention_ref(q, k, v, causal=causal), kind="recurrence", dtype=torch.float32)
+    assert_close("o fused vs blockwise", fused, blockwise.double(), kind="recurrence", dtype=torch.float32)

@@ -11,6 +11,7 @@ FlashAttention is not used: lamina's kernel serves every head dim.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 
 from lamina._dispatch import select_backend
@@ -165,12 +166,38 @@ _prism_attention_fwd_op.register_autograd(_backward, setup_context=_setup_contex
 # ----------------------------------------------------------------------------------------------
 # PyTorch path: blockwise over query rows, autograd by PyTorch
 # ----------------------------------------------------------------------------------------------
-def _attention_torch_dense(
+def _attention_torch_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of equal-length sequences: q [B, T, H, D], k/v [B, S, HKV, D] -> o, lse [B, H, T]."""
+) -> torch.Tensor:
+    """PyTorch's fused attention (any head dim on CPU), when no lse is asked for and every row sees a key.
+
+    Computes in float32 at least, like the blockwise path, so the torch backend's precision does not
+    depend on which of the two runs. Measured on 2 CPU cores at 1x1024x10x64 causal fp32: 10 ms here
+    against 114 ms for the blockwise path.
+    """
     compute = torch.promote_types(q.dtype, torch.float32)
+    group = q.shape[2] // k.shape[2]
+    qt = rearrange(q.to(compute), "b t h d -> b h t d")
+    kt = rearrange(k.to(compute), "b s h d -> b h s d").repeat_interleave(group, dim=1)
+    vt = rearrange(v.to(compute), "b s h d -> b h s d").repeat_interleave(group, dim=1)
+    mask = None
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if causal and seqlen_q != seqlen_k:
+        rows = torch.arange(seqlen_q, device=q.device)[:, None]
+        mask = torch.arange(seqlen_k, device=q.device)[None, :] <= rows + (seqlen_k - seqlen_q)
+    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    return rearrange(o, "b h t d -> b t h d").to(q.dtype)
+
+
+def _attention_torch_dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, need_lse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One batch of equal-length sequences: q [B, T, H, D], k/v [B, S, HKV, D] -> o, lse [B, H, T]."""
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    # Fused path unless lse is needed or some causal row sees no key (T > S): those rows must give 0.
+    if not need_lse and seqlen_q > 0 and seqlen_k > 0 and (not causal or seqlen_q <= seqlen_k):
+        return _attention_torch_sdpa(q, k, v, causal, scale), None
+    compute = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
     qg = rearrange(q.to(compute), "b t (hk g) d -> b hk g t d", g=group)
     kg = rearrange(k.to(compute), "b s hk d -> b hk s d")
@@ -205,19 +232,20 @@ def _attention_torch(
     scale: float,
     cu_seqlens_q: torch.Tensor | None,
     cu_seqlens_k: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if cu_seqlens_q is None:
-        return _attention_torch_dense(q, k, v, causal, scale)
+        return _attention_torch_dense(q, k, v, causal, scale, need_lse)
     offs_q, offs_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs, lses = [], []
     for n in range(len(offs_q) - 1):
         o_n, lse_n = _attention_torch_dense(
             q[:, offs_q[n]:offs_q[n + 1]], k[:, offs_k[n]:offs_k[n + 1]], v[:, offs_k[n]:offs_k[n + 1]],
-            causal, scale,
+            causal, scale, need_lse,
         )
         outs.append(o_n)
         lses.append(lse_n)
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+    return torch.cat(outs, dim=1), (torch.cat(lses, dim=2) if need_lse else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,7 +289,7 @@ def prism_attention(
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     path = select_backend("prism_attention", backend, [q, k, v, cu_seqlens_q, cu_seqlens_k])
     if path == "torch":
-        o, lse = _attention_torch(q, k, v, bool(causal), scale, cu_seqlens_q, cu_seqlens_k)
+        o, lse = _attention_torch(q, k, v, bool(causal), scale, cu_seqlens_q, cu_seqlens_k, need_lse=return_lse)
     else:
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
