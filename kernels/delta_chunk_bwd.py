@@ -74,6 +74,9 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     load_vec,
     row_of,
     rows_gram,
+    scan_operands,
+    state_block_io,
+    swap_state_block,
     tile_ptr,
     unit_lower_inverse,
 )
@@ -171,61 +174,6 @@ def _delta_chunk_bwd_prep_kernel(
         tl.store(tile_ptr(U_out, t0, L, HV * V, i_hv * V, v0, V, BT, BV), U, boundary_check=(0, 1))
 
 
-@triton.jit
-def _scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
-                   K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr):
-    """For key columns ``k0 + o_k`` of one chunk: ``Kt`` and ``Eb`` in the dot dtype, and the chunk's
-    total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
-    DT = k.dtype.element_ty
-    k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-    if ERASE == 1:
-        e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
-    else:
-        e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
-    if DECAY == 2:
-        G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
-        g_last = row_of(G, o_t, BT - 1)
-        k_tail = (k_t * tl.exp(g_last[None, :] - G)).to(DT)
-        e_g = (e_t * tl.exp(G)).to(DT)
-        decay_chunk = tl.exp(g_last)[:, None]
-    elif DECAY == 1:
-        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
-        g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
-        k_tail = (k_t * tl.exp(g_last - G)[:, None]).to(DT)
-        e_g = (e_t * tl.exp(G)[:, None]).to(DT)
-        decay_chunk = tl.exp(g_last)
-    else:
-        k_tail = k_t.to(DT)
-        e_g = e_t.to(DT)
-        decay_chunk = 1.0
-    return k_tail, e_g, decay_chunk
-
-
-@triton.jit
-def _swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr):
-    """Read ``Qg^T dO`` (left by the prep kernel) from rows ``k0 + o_k`` of the chunk's ``dh_buf`` slot
-    and put ``dH`` there instead."""
-    offs = chunk_state + (k0 + o_k)[:, None] * V + o_v[None, :]
-    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
-    dS_q = tl.load(dh_buf + offs, mask=mask, other=0.0)
-    # another thread of the program may own the element in the store's layout
-    tl.debug_barrier()
-    tl.store(dh_buf + offs, dh, mask=mask)
-    return dS_q
-
-
-@triton.jit
-def _state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, LOAD: tl.constexpr):
-    """Load (``LOAD``) or store rows ``k0 + o_k`` of a ``[N, HV, K, V]`` state."""
-    offs = head_state + (k0 + o_k)[:, None] * V + o_v[None, :]
-    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
-    if LOAD:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        tl.store(ptr + offs, dh, mask=mask)
-        return dh
-
-
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dh_kernel(
     k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
@@ -267,13 +215,13 @@ def _delta_chunk_bwd_dh_kernel(
     dh_2 = tl.zeros([BK, BV], dtype=tl.float32)
     dh_3 = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRADIENT:
-        dh_0 = _state_block_io(dht, head_state, 0, o_k, o_v, dh_0, K, V, True)
+        dh_0 = state_block_io(dht, head_state, 0, o_k, o_v, dh_0, K, V, True)
         if NKB > 1:
-            dh_1 = _state_block_io(dht, head_state, BK, o_k, o_v, dh_1, K, V, True)
+            dh_1 = state_block_io(dht, head_state, BK, o_k, o_v, dh_1, K, V, True)
         if NKB > 2:
-            dh_2 = _state_block_io(dht, head_state, 2 * BK, o_k, o_v, dh_2, K, V, True)
+            dh_2 = state_block_io(dht, head_state, 2 * BK, o_k, o_v, dh_2, K, V, True)
         if NKB > 3:
-            dh_3 = _state_block_io(dht, head_state, 3 * BK, o_k, o_v, dh_3, K, V, True)
+            dh_3 = state_block_io(dht, head_state, 3 * BK, o_k, o_v, dh_3, K, V, True)
 
     for i_t in range(n_chunks - 1, -1, -1):
         chunk_state = ((first_chunk + i_t) * HV + i_hv) * (K * V)
@@ -281,25 +229,30 @@ def _delta_chunk_bwd_dh_kernel(
         L = eos - t0
         # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
         dU = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
-        qd_0 = _swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
-        kt_0, eg_0, dc_0 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+        qd_0 = swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
+        kt_0, eg_0, dc_0 = scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
         dU += tl.dot(kt_0, dh_0.to(DT), input_precision=DOT_PRECISION)
         if NKB > 1:
-            qd_1 = _swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
-            kt_1, eg_1, dc_1 = _scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+            qd_1 = swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
+            kt_1, eg_1, dc_1 = scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
             dU += tl.dot(kt_1, dh_1.to(DT), input_precision=DOT_PRECISION)
         if NKB > 2:
-            qd_2 = _swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
-            kt_2, eg_2, dc_2 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+            qd_2 = swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
+            kt_2, eg_2, dc_2 = scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
                                               ERASE)
             dU += tl.dot(kt_2, dh_2.to(DT), input_precision=DOT_PRECISION)
         if NKB > 3:
-            qd_3 = _swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
-            kt_3, eg_3, dc_3 = _scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+            qd_3 = swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
+            kt_3, eg_3, dc_3 = scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
                                               ERASE)
             dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
-        A_t = load_rows(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT).to(DT)
-        dR = tl.dot(tl.trans(A_t), dU.to(DT), input_precision=DOT_PRECISION)
+        # A^T is read through a transposed block pointer, not formed with tl.trans: on an H200 (triton
+        # 3.6, DeltaNet) tl.trans(A) as a warpgroup-product operand read past the kernel's shared memory
+        # (compute-sanitizer: out-of-bounds __shared__ reads on this line) and dR came out NaN.
+        a_ptr = tl.make_block_ptr(A_buf + t0 * (HV * BT) + i_hv * BT, (BT, L), (1, HV * BT), (0, 0), (BT, BT),
+                                  (0, 1))
+        A_T = tl.load(a_ptr, boundary_check=(0, 1), padding_option="zero").to(DT)
+        dR = tl.dot(A_T, dU.to(DT), input_precision=DOT_PRECISION)
 
         val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
         val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
@@ -328,13 +281,13 @@ def _delta_chunk_bwd_dh_kernel(
             dh_3 = dh_3 * dc_3 + qd_3 - tl.dot(tl.trans(eg_3), dR_c, input_precision=DOT_PRECISION)
 
     if USE_INITIAL_STATE:
-        _state_block_io(dh0, head_state, 0, o_k, o_v, dh_0, K, V, False)
+        state_block_io(dh0, head_state, 0, o_k, o_v, dh_0, K, V, False)
         if NKB > 1:
-            _state_block_io(dh0, head_state, BK, o_k, o_v, dh_1, K, V, False)
+            state_block_io(dh0, head_state, BK, o_k, o_v, dh_1, K, V, False)
         if NKB > 2:
-            _state_block_io(dh0, head_state, 2 * BK, o_k, o_v, dh_2, K, V, False)
+            state_block_io(dh0, head_state, 2 * BK, o_k, o_v, dh_2, K, V, False)
         if NKB > 3:
-            _state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
+            state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])

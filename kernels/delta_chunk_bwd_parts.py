@@ -3,13 +3,14 @@
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
 * ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
-* ``load_tile`` / ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]`` tensor, zero outside
-  the chunk.
+* ``load_tile`` / ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]``
+  tensor, zero outside the chunk.
 * ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
 * ``unit_lower_inverse``: ``(I + M)^-1`` for a strictly lower triangular ``M``.
+* ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
 
 Per-channel decay is handled one key column ``j`` at a time, so every exponent is ``G_i - G_j``
 with ``i >= j``, which is ``<= 0`` for log decays ``g <= 0``: nothing overflows, and an exponent
@@ -168,7 +169,66 @@ def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
     return L + (o_t[:, None] == o_t[None, :]).to(tl.float32)
 
 
+@triton.jit
+def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr):
+    """For key columns ``k0 + o_k`` of one chunk: ``Kt`` and ``Eb`` in the dot dtype, and the chunk's
+    total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
+    DT = k.dtype.element_ty
+    k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+    if ERASE == 1:
+        e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+    else:
+        e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+    if DECAY == 2:
+        G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+        g_last = row_of(G, o_t, BT - 1)
+        k_tail = (k_t * tl.exp(g_last[None, :] - G)).to(DT)
+        e_g = (e_t * tl.exp(G)).to(DT)
+        decay_chunk = tl.exp(g_last)[:, None]
+    elif DECAY == 1:
+        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+        g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+        k_tail = (k_t * tl.exp(g_last - G)[:, None]).to(DT)
+        e_g = (e_t * tl.exp(G)[:, None]).to(DT)
+        decay_chunk = tl.exp(g_last)
+    else:
+        # Without decay these would be plain loads feeding the warpgroup products directly; on an
+        # H200 (triton 3.6) that path gave wrong dR and dS0 (1e35 or NaN) while the gated variants,
+        # whose operands pass through registers, were right. The row mask keeps them in registers too.
+        keep = (o_t < L)[:, None]
+        k_tail = tl.where(keep, k_t, 0.0).to(DT)
+        e_g = tl.where(keep, e_t, 0.0).to(DT)
+        decay_chunk = 1.0
+    return k_tail, e_g, decay_chunk
+
+
+@triton.jit
+def swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr):
+    """Read ``Qg^T dO`` (left by the prep kernel) from rows ``k0 + o_k`` of the chunk's ``dh_buf`` slot
+    and put ``dH`` there instead."""
+    offs = chunk_state + (k0 + o_k)[:, None] * V + o_v[None, :]
+    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
+    dS_q = tl.load(dh_buf + offs, mask=mask, other=0.0)
+    # another thread of the program may own the element in the store's layout
+    tl.debug_barrier()
+    tl.store(dh_buf + offs, dh, mask=mask)
+    return dS_q
+
+
+@triton.jit
+def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, LOAD: tl.constexpr):
+    """Load (``LOAD``) or store rows ``k0 + o_k`` of a ``[N, HV, K, V]`` state."""
+    offs = head_state + (k0 + o_k)[:, None] * V + o_v[None, :]
+    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
+    if LOAD:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        tl.store(ptr + offs, dh, mask=mask)
+        return dh
+
+
 __all__ = [
     "chunk_bounds", "load_tile", "load_rows", "tile_ptr", "load_vec", "load_gate", "row_of", "col_of", "rows_gram", "gated_gram",
-    "gated_intra_grads", "unit_lower_inverse",
+    "gated_intra_grads", "unit_lower_inverse", "scan_operands", "swap_state_block", "state_block_io",
 ]

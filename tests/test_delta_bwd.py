@@ -121,7 +121,7 @@ def test_bwd_varlen(kinds):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_low_precision(kinds, dtype):
-    check_case(*build_case(1, 100, 2, 4, 32, 48, kinds, dtype=dtype))
+    check_case(*build_case(1, 100, 2, 2, 32, 48, kinds, dtype=dtype))
 
 
 @pytest.mark.interpret
@@ -164,7 +164,7 @@ def test_bwd_optional_inputs():
 
 @pytest.mark.interpret
 def test_bwd_deterministic():
-    inputs, cu, do, dfinal = build_case(1, 50, 2, 4, 32, 32, GDN2, seqlens=[30, 20])
+    inputs, cu, do, dfinal = build_case(1, 50, 2, 2, 32, 32, GDN2, seqlens=[30, 20])
     scale = 32**-0.5
     first = run_bwd(inputs, scale, cu, do, dfinal, 64)
     second = run_bwd(inputs, scale, cu, do, dfinal, 64)
@@ -182,3 +182,38 @@ def test_bwd_b_and_w_same_tensor():
     o, final = reference_forward(*leaves[:5], leaves[4], 0.3, leaves[5], cu)
     torch.autograd.backward([o, final], [do.double(), dfinal.double()])
     assert_close("dbeta", got[4] + got[5], leaves[4].grad, kind="recurrence", dtype=q.dtype)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_warpgroup_tiles(kinds, monkeypatch):
+    # the wider dqk key blocks Hopper runs with (64, or 32 with per-channel decay), not only the
+    # 16-column blocks the interpreter and mma.sync targets use
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    assert bwd.bwd_tiles(64, 32, kinds[0], True).dqk_bk > bwd.bwd_tiles(64, 32, kinds[0], False).dqk_bk
+    monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: True)
+    check_case(*build_case(1, 40, 2, 2, 64, 32, kinds))
+
+
+def test_bwd_report_matches_launch():
+    # every registered configuration is what the launcher runs on the targets it is registered for
+    import lamina.kernels.delta_chunk_bwd as bwd
+    from lamina.kernels._utils import registered_aot
+
+    specs = [s for s in registered_aot() if s.name.startswith("_delta_chunk_bwd_")]
+    assert {s.name for s in specs} == {"_delta_chunk_bwd_prep_kernel", "_delta_chunk_bwd_dh_kernel",
+                                       "_delta_chunk_bwd_dqk_kernel"}
+    field = {"_delta_chunk_bwd_prep_kernel": "prep", "_delta_chunk_bwd_dh_kernel": "scan",
+             "_delta_chunk_bwd_dqk_kernel": "dqk"}
+    covered = set()
+    for spec in specs:
+        assert (spec.num_warps, spec.num_stages) == (bwd.NUM_WARPS, bwd.NUM_STAGES), spec.config
+        assert spec.meta.get("attrs"), f"{spec.config}: compiled without the JIT's pointer alignment"
+        c = spec.constexprs
+        for arch in spec.meta.get("archs", (90, 80)):
+            tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90)
+            want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
+            assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
+            covered.add((spec.name, c["DECAY"], c["ERASE"], arch))
+    assert len(covered) == 3 * 4 * 2, "every kernel, variant and target has a default"

@@ -35,6 +35,16 @@ def test_bwd_gpu_wide_and_odd_heads(K, V):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kinds", VARIANTS, ids=IDS)
+def test_bwd_gpu_mma_sync_tiles(kinds, monkeypatch):
+    # the narrower dqk key blocks of every GPU without warpgroup products, run on this one
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: False)
+    check_case(*build_case(1, 1000, 2, 4, 128, 128, kinds, dtype=torch.bfloat16, seqlens=[600, 400], device="cuda"))
+
+
+@pytest.mark.gpu
 def test_bwd_gpu_finite_at_minus_20():
     inputs, cu, do, dfinal = build_case(1, 4096, 2, 2, 128, 128, KDA, dtype=torch.bfloat16, device="cuda")
     g = inputs[3]
