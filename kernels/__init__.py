@@ -15,6 +15,7 @@ if INTERPRET:
 # Every module that registers kernels with the static report (``lamina info --kernels``).
 KERNEL_MODULES = (
     "lamina.kernels.delta_chunk_fwd",
+    "lamina.kernels.delta_recurrent_fwd",
     "lamina.kernels.delta_chunk_bwd",
     "lamina.kernels.prism_attn_fwd",
     "lamina.kernels.prism_attn_bwd",

@@ -56,31 +56,42 @@ decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from lamina._validate import check_cu_seqlens, check_shape, check_tensor
-from lamina.kernels._utils import AotSpec, cdiv, next_power_of_2, raw_jit, register_aot
+from lamina.kernels._utils import AotSpec, cdiv, raw_jit, register_aot
+from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
     chunk_bounds,
     gated_gram,
-    gated_intra_grads,
     load_gate,
     load_rows,
-    load_tile,
     load_vec,
-    row_of,
-    rows_gram,
     scan_operands,
     state_block_io,
     swap_state_block,
     tile_ptr,
     unit_lower_inverse,
 )
+from lamina.kernels.delta_chunk_bwd_tiles import (
+    CHUNK_SIZES,
+    DEFAULT_CHUNK_SIZE,
+    MAX_HEAD_DIM_K,
+    NUM_STAGES,
+    NUM_WARPS,
+    BwdTiles,
+    bwd_tiles,
+    chunk_layout,
+    has_warpgroup_mma,
+    scan_block_v,
+)
 from lamina.kernels.delta_chunk_common import aligned_attrs
+
+# Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
+__all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
+           "bwd_tiles", "chunk_layout", "delta_chunk_bwd", "has_warpgroup_mma", "scan_block_v"]
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -290,243 +301,9 @@ def _delta_chunk_bwd_dh_kernel(
             state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "NTOK"])
-def _delta_chunk_bwd_dqk_kernel(
-    q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
-    cu_seqlens, chunk_indices, scale, T, NT, NTOK,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
-    # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
-    # gradients' inter-chunk parts; (2) dP and dM over V blocks; (3) the intra-chunk products, added
-    # onto the results of (1).
-    i_ch = tl.program_id(0)
-    i_k = tl.program_id(1)
-    i_c = i_ch // H
-    i_h = i_ch % H
-    GROUP: tl.constexpr = HV // H
-    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
-    t0 = bos + i_t * BT
-    L = eos - t0
-    DT = q.dtype.element_ty
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_bv = tl.arange(0, BV)
-    k0 = i_k * BK
-    lower = o_t[:, None] >= o_t[None, :]
-    strict = o_t[:, None] > o_t[None, :]
-    rows64 = t0 + o_t.to(tl.int64)
-    row_mask = o_t < L
-    tile_mask = row_mask[:, None] & ((k0 + o_k) < K)[None, :]
-
-    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_g in range(GROUP):
-        i_hv = i_h * GROUP + i_g
-        chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
-
-        # (1) dO S0^T, dR S0^T, U dH^T and rowsum(dH * S0)
-        dq_h = tl.zeros([BT, BK], dtype=tl.float32)
-        de_h = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_h = tl.zeros([BT, BK], dtype=tl.float32)
-        dgc = tl.zeros([BK], dtype=tl.float32)
-        for v0 in range(0, V, BV):
-            do_t = load_tile(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            dR_t = load_tile(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero")
-            d_ptr = tl.make_block_ptr(dh_buf + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            dH = tl.load(d_ptr, boundary_check=(0, 1), padding_option="zero")
-            S0_T = tl.trans(S0.to(DT))
-            dq_h = tl.dot(do_t, S0_T, dq_h, input_precision=DOT_PRECISION)
-            de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
-            dgc += tl.sum(dH * S0, 1)
-        if DECAY == 2:
-            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
-            g_last = row_of(G, o_t, BT - 1)
-            gamma = tl.exp(G)
-            tail = tl.exp(g_last[None, :] - G)
-        elif DECAY == 1:
-            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
-            g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
-            gamma = tl.exp(G)[:, None]
-            tail = tl.exp(g_last - G)[:, None]
-        else:
-            gamma = 1.0
-            tail = 1.0
-        dq_h = dq_h * (gamma * scale)
-        de_h = -(de_h * gamma)
-        dk_h = dk_h * tail
-        if DECAY > 0:
-            k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-            # the chunk's total decay enters S_C through Kt and Diag(gamma_C)
-            last = tl.sum(k_t * dk_h, 0) + tl.exp(g_last) * dgc
-
-        # (2) dP = scale dO U^T (j <= i) and dM = -dR U^T (j < i), then their intra-chunk products
-        if ERASE == 1:
-            b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
-        else:
-            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
-        q_in = load_tile(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-        k_in = load_tile(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-        q_t = q_in.to(tl.float32)
-        k_t = k_in.to(tl.float32)
-        e_t = k_t * b_t
-        val_head = i_hv * V
-        if DECAY == 2:
-            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            dP = tl.where(lower, dP * scale, 0.0)
-            dM = tl.where(strict, -dM, 0.0)
-            dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, dq_h, de_h, dk_h, BT)
-        else:
-            # one [BT, BT] tile at a time: dP's products are done before dM is formed
-            k_c = k_in.to(DT)
-            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == 1:
-                dP = dP * scale * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
-            else:
-                dP = tl.where(lower, dP * scale, 0.0)
-            dP_c = dP.to(DT)
-            dq_h = tl.dot(dP_c, k_c, dq_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(tl.trans(dP_c), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
-            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == 1:
-                dM = -dM * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
-            else:
-                dM = tl.where(strict, -dM, 0.0)
-            dM_c = dM.to(DT)
-            de_h = tl.dot(dM_c, k_c, de_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(tl.trans(dM_c), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
-        dq_acc += dq_h
-        dk_acc += dk_h + b_t * de_h
-
-        if ERASE == 1:
-            b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
-            tl.store(db + b_offs, (de_h * k_t).to(db.dtype.element_ty), mask=tile_mask)
-        else:
-            part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
-            tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
-        if DECAY > 0:
-            # dk_h is dk without the erase term b*dE: the gradient through the gates' exponents.
-            # Rows past L repeat G[BT - 1], so adding ``last`` on row BT - 1 reaches every valid row
-            # in the reverse cumulative sum.
-            dG = q_t * dq_h + e_t * de_h - k_t * dk_h
-            dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
-            if DECAY == 2:
-                g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
-                tl.store(dg + g_offs, tl.cumsum(dG, 0, reverse=True).to(dg.dtype.element_ty), mask=tile_mask)
-            else:
-                part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
-                tl.store(dg + part, tl.cumsum(tl.sum(dG, 1), 0, reverse=True), mask=row_mask)
-
-    qk_offs = (rows64 * (H * K) + i_h * K)[:, None] + (k0 + o_k)[None, :]
-    tl.store(dq + qk_offs, dq_acc.to(dq.dtype.element_ty), mask=tile_mask)
-    tl.store(dk + qk_offs, dk_acc.to(dk.dtype.element_ty), mask=tile_mask)
-
-
 # ----------------------------------------------------------------------------------------------------
 # launcher
 # ----------------------------------------------------------------------------------------------------
-
-# Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
-# 128 would not fit in registers next to the rest.
-CHUNK_SIZES = (16, 32, 64)
-DEFAULT_CHUNK_SIZE = 64
-# Widest key dim: the scan holds dH as one [K, BV] fp32 tile next to [BT, K] tiles of q, k and gates.
-MAX_HEAD_DIM_K = 256
-# Smallest tile side tl.dot accepts.
-MIN_DOT_DIM = 16
-# K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
-CHUNK_BLOCK = 64
-# K block of the prep and dqk kernels with per-channel decay: their column loops hold five or more
-# [BT, BK] fp32 tiles, which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
-PER_CHANNEL_BLOCK_K = 32
-# K block of the dqk kernel where tensor-core products keep operands and accumulators in registers
-# (mma.sync: sm_80 and every target without warpgroup products). Its chained products get all 8 warps
-# along the 64 rows of a chunk (Triton's warpsPerCTA [8, 1]), so each 16-row slice is held twice and
-# a thread carries what it would with 4 warps. sm_80, bf16, K = 128: BK = 32 spilled (scalar decay
-# 8 STL, KDA 1 STL), BK = 16 compiled to 128-194 registers without spills for all four variants.
-MMA_SYNC_DQK_BLOCK_K = 16
-# V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
-# of two or three products at once; 16 columns keep them small next to the accumulators.
-DQK_BLOCK_V = 16
-# Element budget of the scan's dH [K, BV] in registers, which fixes BV from K: sm_90 compiles of
-# K = 128 spilled ~100-300 registers at BV = 32-64 and fit at BV = 16.
-SCAN_TILE_ELEMENTS = 2048
-# Widest V block of the scan: wider blocks leave too few programs for short batches.
-SCAN_MAX_BV = 64
-# Warps and pipeline stages of all three kernels, at run time and in the static report alike. Each
-# program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
-# (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
-# feeds products whose accumulators already use the registers a second stage would need.
-NUM_WARPS = 8
-NUM_STAGES = 1
-
-
-def _pow2_block(n: int, cap: int) -> int:
-    return min(cap, max(MIN_DOT_DIM, next_power_of_2(n)))
-
-
-def scan_block_v(K: int, V: int) -> int:
-    """V block of the reverse scan for key dim ``K``: ``BK * BV <= SCAN_TILE_ELEMENTS``."""
-    bk = _pow2_block(K, MAX_HEAD_DIM_K)
-    return _pow2_block(V, max(MIN_DOT_DIM, min(SCAN_MAX_BV, SCAN_TILE_ELEMENTS // bk)))
-
-
-class BwdTiles(NamedTuple):
-    """Key/value blocks of the three backward kernels for one shape and decay kind."""
-
-    prep_bk: int
-    prep_bv: int
-    scan_bk: int
-    scan_bv: int
-    dqk_bk: int
-    dqk_bv: int
-
-
-def has_warpgroup_mma(device: torch.device) -> bool:
-    """Hopper (sm_90): tensor-core products read their operands from shared memory (wgmma), so the
-    dqk kernel affords wider key blocks. False on CPU (the interpreter) and on every other GPU."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-
-
-def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool) -> BwdTiles:
-    """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
-    decay kind ``decay`` (0 none, 1 scalar, 2 per channel), on a target with or without warpgroup
-    products (``has_warpgroup_mma``)."""
-    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
-    return BwdTiles(
-        prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK),
-        scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V),
-        dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
-    )
-
-
-def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):
-    """Chunk bookkeeping: ``(total_chunks, chunks_per_sequence, chunk_indices, chunk_offsets)``.
-
-    Dense: ``B * ceil(T / BT)`` chunks, b-major, and no index tensors. Varlen: ``chunk_indices [NC, 2]``
-    (sequence, chunk inside it) and ``chunk_offsets [N + 1]`` (first chunk of each sequence), int32.
-    """
-    if cu_seqlens is None:
-        nt = cdiv(T, chunk_size)
-        return batch * nt, nt, None, None
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    counts = (lens + chunk_size - 1) // chunk_size
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=cu_seqlens.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    total = int(offsets[-1].item())
-    seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
-    local = torch.arange(total, device=cu_seqlens.device) - offsets[:-1][seq]
-    indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
-    return total, 0, indices, offsets.to(torch.int32)
-
 
 def _gate_kind(name: str, x: torch.Tensor | None, lead: tuple[int, ...], width: int, wide: str) -> int:
     """0 for a scalar gate ``[B, T, HV]``, 1 for a per-channel gate ``[B, T, HV, width]``."""

@@ -56,7 +56,7 @@ def chunk_fwd(*args, **kw):
 
 
 def recurrent_fwd(*args, **kw):
-    from lamina.kernels.delta_chunk_fwd import delta_recurrent_fwd
+    from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
 
     return delta_recurrent_fwd(*args, **kw)
 

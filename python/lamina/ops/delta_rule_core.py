@@ -174,7 +174,8 @@ def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
 def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
             save_states):
     """(o, final_state or [0], h or [0]): empty 1-d tensors stand for None (ops return tensors)."""
-    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd, delta_recurrent_fwd
+    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
+    from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
 
     if recurrent:
         o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)

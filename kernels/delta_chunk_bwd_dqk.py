@@ -1,0 +1,163 @@
+"""The dq/dk/db/dg kernel of the chunked delta-rule backward (kernel 3 of kernels/delta_chunk_bwd.py).
+
+One program per (chunk, qk head, K block): per value head, first the products with ``S0`` and ``dH`` over
+V blocks (the inter-chunk parts of ``dq``, ``dE``, ``dk``), then ``dP`` and ``dM`` over V blocks with their
+intra-chunk products added on, then ``db`` and ``dg``. The math is in the docstring of
+kernels/delta_chunk_bwd.py; the launcher and the static-report registration live there too.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from lamina.kernels.delta_chunk_bwd_parts import (
+    chunk_bounds,
+    gated_intra_grads,
+    load_gate,
+    load_rows,
+    load_tile,
+    load_vec,
+    row_of,
+    rows_gram,
+)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NTOK"])
+def _delta_chunk_bwd_dqk_kernel(
+    q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
+    cu_seqlens, chunk_indices, scale, T, NT, NTOK,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
+    # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
+    # gradients' inter-chunk parts; (2) dP and dM over V blocks; (3) the intra-chunk products, added
+    # onto the results of (1).
+    i_ch = tl.program_id(0)
+    i_k = tl.program_id(1)
+    i_c = i_ch // H
+    i_h = i_ch % H
+    GROUP: tl.constexpr = HV // H
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    t0 = bos + i_t * BT
+    L = eos - t0
+    DT = q.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_bv = tl.arange(0, BV)
+    k0 = i_k * BK
+    lower = o_t[:, None] >= o_t[None, :]
+    strict = o_t[:, None] > o_t[None, :]
+    rows64 = t0 + o_t.to(tl.int64)
+    row_mask = o_t < L
+    tile_mask = row_mask[:, None] & ((k0 + o_k) < K)[None, :]
+
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_g in range(GROUP):
+        i_hv = i_h * GROUP + i_g
+        chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+
+        # (1) dO S0^T, dR S0^T, U dH^T and rowsum(dH * S0)
+        dq_h = tl.zeros([BT, BK], dtype=tl.float32)
+        de_h = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_h = tl.zeros([BT, BK], dtype=tl.float32)
+        dgc = tl.zeros([BK], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            do_t = load_tile(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            dR_t = load_tile(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero")
+            d_ptr = tl.make_block_ptr(dh_buf + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
+            dH = tl.load(d_ptr, boundary_check=(0, 1), padding_option="zero")
+            S0_T = tl.trans(S0.to(DT))
+            dq_h = tl.dot(do_t, S0_T, dq_h, input_precision=DOT_PRECISION)
+            de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
+            dgc += tl.sum(dH * S0, 1)
+        if DECAY == 2:
+            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+            g_last = row_of(G, o_t, BT - 1)
+            gamma = tl.exp(G)
+            tail = tl.exp(g_last[None, :] - G)
+        elif DECAY == 1:
+            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+            g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
+            gamma = tl.exp(G)[:, None]
+            tail = tl.exp(g_last - G)[:, None]
+        else:
+            gamma = 1.0
+            tail = 1.0
+        dq_h = dq_h * (gamma * scale)
+        de_h = -(de_h * gamma)
+        dk_h = dk_h * tail
+        if DECAY > 0:
+            k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+            # the chunk's total decay enters S_C through Kt and Diag(gamma_C)
+            last = tl.sum(k_t * dk_h, 0) + tl.exp(g_last) * dgc
+
+        # (2) dP = scale dO U^T (j <= i) and dM = -dR U^T (j < i), then their intra-chunk products
+        if ERASE == 1:
+            b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        else:
+            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        q_in = load_tile(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        k_in = load_tile(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        q_t = q_in.to(tl.float32)
+        k_t = k_in.to(tl.float32)
+        e_t = k_t * b_t
+        val_head = i_hv * V
+        if DECAY == 2:
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dP = tl.where(lower, dP * scale, 0.0)
+            dM = tl.where(strict, -dM, 0.0)
+            dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, dq_h, de_h, dk_h, BT)
+        else:
+            # one [BT, BT] tile at a time: dP's products are done before dM is formed
+            k_c = k_in.to(DT)
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            if DECAY == 1:
+                dP = dP * scale * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+            else:
+                dP = tl.where(lower, dP * scale, 0.0)
+            dP_c = dP.to(DT)
+            dq_h = tl.dot(dP_c, k_c, dq_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(tl.trans(dP_c), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            if DECAY == 1:
+                dM = -dM * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+            else:
+                dM = tl.where(strict, -dM, 0.0)
+            dM_c = dM.to(DT)
+            de_h = tl.dot(dM_c, k_c, de_h, input_precision=DOT_PRECISION)
+            dk_h = tl.dot(tl.trans(dM_c), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
+        dq_acc += dq_h
+        dk_acc += dk_h + b_t * de_h
+
+        if ERASE == 1:
+            b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
+            tl.store(db + b_offs, (de_h * k_t).to(db.dtype.element_ty), mask=tile_mask)
+        else:
+            part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
+            tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
+        if DECAY > 0:
+            # dk_h is dk without the erase term b*dE: the gradient through the gates' exponents.
+            # Rows past L repeat G[BT - 1], so adding ``last`` on row BT - 1 reaches every valid row
+            # in the reverse cumulative sum.
+            dG = q_t * dq_h + e_t * de_h - k_t * dk_h
+            dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
+            if DECAY == 2:
+                g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
+                tl.store(dg + g_offs, tl.cumsum(dG, 0, reverse=True).to(dg.dtype.element_ty), mask=tile_mask)
+            else:
+                part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
+                tl.store(dg + part, tl.cumsum(tl.sum(dG, 1), 0, reverse=True), mask=row_mask)
+
+    qk_offs = (rows64 * (H * K) + i_h * K)[:, None] + (k0 + o_k)[None, :]
+    tl.store(dq + qk_offs, dq_acc.to(dq.dtype.element_ty), mask=tile_mask)
+    tl.store(dk + qk_offs, dk_acc.to(dk.dtype.element_ty), mask=tile_mask)

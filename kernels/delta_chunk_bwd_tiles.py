@@ -1,0 +1,107 @@
+"""Tile and launch configuration of the chunked delta-rule backward (kernels/delta_chunk_bwd.py).
+
+The chunk sizes and head dims the kernels accept, the warps and stages they run with, the key/value
+blocks of each kernel (``bwd_tiles``, used by the launcher and by the static report alike) and the
+chunk bookkeeping of a (varlen) batch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from lamina.kernels._utils import cdiv, next_power_of_2
+
+# Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
+# 128 would not fit in registers next to the rest.
+CHUNK_SIZES = (16, 32, 64)
+DEFAULT_CHUNK_SIZE = 64
+# Widest key dim: the scan holds dH as one [K, BV] fp32 tile next to [BT, K] tiles of q, k and gates.
+MAX_HEAD_DIM_K = 256
+# Smallest tile side tl.dot accepts.
+MIN_DOT_DIM = 16
+# K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
+CHUNK_BLOCK = 64
+# K block of the prep and dqk kernels with per-channel decay: their column loops hold five or more
+# [BT, BK] fp32 tiles, which spill at BK = 64 (sm_90, 8 warps) and fit at 32.
+PER_CHANNEL_BLOCK_K = 32
+# K block of the dqk kernel where tensor-core products keep operands and accumulators in registers
+# (mma.sync: sm_80 and every target without warpgroup products). Its chained products get all 8 warps
+# along the 64 rows of a chunk (Triton's warpsPerCTA [8, 1]), so each 16-row slice is held twice and
+# a thread carries what it would with 4 warps. sm_80, bf16, K = 128: BK = 32 spilled (scalar decay
+# 8 STL, KDA 1 STL), BK = 16 compiled to 128-194 registers without spills for all four variants.
+MMA_SYNC_DQK_BLOCK_K = 16
+# V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
+# of two or three products at once; 16 columns keep them small next to the accumulators.
+DQK_BLOCK_V = 16
+# Element budget of the scan's dH [K, BV] in registers, which fixes BV from K: sm_90 compiles of
+# K = 128 spilled ~100-300 registers at BV = 32-64 and fit at BV = 16.
+SCAN_TILE_ELEMENTS = 2048
+# Widest V block of the scan: wider blocks leave too few programs for short batches.
+SCAN_MAX_BV = 64
+# Warps and pipeline stages of all three kernels, at run time and in the static report alike. Each
+# program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
+# (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
+# feeds products whose accumulators already use the registers a second stage would need.
+NUM_WARPS = 8
+NUM_STAGES = 1
+
+
+def _pow2_block(n: int, cap: int) -> int:
+    return min(cap, max(MIN_DOT_DIM, next_power_of_2(n)))
+
+
+def scan_block_v(K: int, V: int) -> int:
+    """V block of the reverse scan for key dim ``K``: ``BK * BV <= SCAN_TILE_ELEMENTS``."""
+    bk = _pow2_block(K, MAX_HEAD_DIM_K)
+    return _pow2_block(V, max(MIN_DOT_DIM, min(SCAN_MAX_BV, SCAN_TILE_ELEMENTS // bk)))
+
+
+class BwdTiles(NamedTuple):
+    """Key/value blocks of the three backward kernels for one shape and decay kind."""
+
+    prep_bk: int
+    prep_bv: int
+    scan_bk: int
+    scan_bv: int
+    dqk_bk: int
+    dqk_bv: int
+
+
+def has_warpgroup_mma(device: torch.device) -> bool:
+    """Hopper (sm_90): tensor-core products read their operands from shared memory (wgmma), so the
+    dqk kernel affords wider key blocks. False on CPU (the interpreter) and on every other GPU."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool) -> BwdTiles:
+    """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
+    decay kind ``decay`` (0 none, 1 scalar, 2 per channel), on a target with or without warpgroup
+    products (``has_warpgroup_mma``)."""
+    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
+    return BwdTiles(
+        prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK),
+        scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V),
+        dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
+    )
+
+
+def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):
+    """Chunk bookkeeping: ``(total_chunks, chunks_per_sequence, chunk_indices, chunk_offsets)``.
+
+    Dense: ``B * ceil(T / BT)`` chunks, b-major, and no index tensors. Varlen: ``chunk_indices [NC, 2]``
+    (sequence, chunk inside it) and ``chunk_offsets [N + 1]`` (first chunk of each sequence), int32.
+    """
+    if cu_seqlens is None:
+        nt = cdiv(T, chunk_size)
+        return batch * nt, nt, None, None
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    counts = (lens + chunk_size - 1) // chunk_size
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=cu_seqlens.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    total = int(offsets[-1].item())
+    seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
+    local = torch.arange(total, device=cu_seqlens.device) - offsets[:-1][seq]
+    indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
+    return total, 0, indices, offsets.to(torch.int32)
