@@ -12,11 +12,13 @@ if INTERPRET:
 
     _interpreter.apply_fixes()
 
-# Every module that registers kernels with the static report (``lamina info --kernels``).
+# Every module that defines a kernel registered with the static report (``lamina info --kernels``);
+# importing all of them registers every configuration.
 KERNEL_MODULES = (
     "lamina.kernels.delta_chunk_fwd",
     "lamina.kernels.delta_recurrent_fwd",
     "lamina.kernels.delta_chunk_bwd",
+    "lamina.kernels.delta_chunk_bwd_dqk",
     "lamina.kernels.prism_attn_fwd",
     "lamina.kernels.prism_attn_bwd",
     "lamina.kernels.hrm_update",

@@ -54,6 +54,8 @@ def test_every_default_kernel_config_compiles_without_spills():
     assert {90, 80} <= {r["arch"] for r in rows}
     missing = set(KERNEL_MODULES) - modules
     assert not missing, f"kernel modules that register no configuration with the report: {sorted(missing)}"
+    unlisted = modules - set(KERNEL_MODULES)
+    assert not unlisted, f"registered kernels defined in modules missing from KERNEL_MODULES: {sorted(unlisted)}"
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
