@@ -40,6 +40,10 @@ RESERVE_AFTER_BENCH="${RESERVE_AFTER_BENCH:-50}"
 # The suite stops starting new cases this long before its step limit (ceilings, the case in flight, exit).
 BENCH_SLACK_S="${BENCH_SLACK_S:-30}"
 PYTEST_ARGS="${PYTEST_ARGS:--m gpu -q -rfEs -p no:cacheprovider}"
+# GPU tests spend most of their time in Triton's JIT compiles (CPU-bound; the delta-rule backward's GPU
+# tests alone took 155 s serially on the H200): with pytest-xdist carried in wheels/, spread them over
+# up to 8 worker processes sharing the one GPU.
+PYTEST_WORKERS="${PYTEST_WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
 # The GPU is sm_90: the report compiles for it only (every core in parallel), which halves its time.
 INFO_ARGS="${INFO_ARGS:---kernels --arch 90}"
 if [ "$DRY_RUN" = "1" ]; then
@@ -131,6 +135,9 @@ fi
 if [ "${SKIP_PYTEST:-0}" = "1" ]; then
     skip_step pytest_gpu "SKIP_PYTEST=1"
 else
+    if [ "$PYTEST_WORKERS" -gt 1 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+        PYTEST_ARGS="$PYTEST_ARGS -n $PYTEST_WORKERS"
+    fi
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
     run_step pytest_gpu "$PYTEST_TIMEOUT" "$OUT/pytest_gpu.log" "$PYTHON" -m pytest $PYTEST_ARGS
 fi
