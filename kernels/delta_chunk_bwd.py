@@ -68,11 +68,12 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     gated_gram,
     load_gate,
     load_rows,
+    load_state_tile,
     load_vec,
     scan_operands,
     state_block_io,
+    store_tile,
     swap_state_block,
-    tile_ptr,
     unit_lower_inverse,
 )
 from lamina.kernels.delta_chunk_bwd_tiles import (
@@ -143,7 +144,7 @@ def _delta_chunk_bwd_prep_kernel(
     Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
     Am = unit_lower_inverse(Mm, o_t, L, BT)
 
-    tl.store(tile_ptr(A_out, t0, L, HV * BT, i_hv * BT, 0, BT, BT, BT), Am, boundary_check=(0, 1))
+    store_tile(A_out, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT, Am)
 
     # Everything of the chunk that needs the forward's state S0 or dO but not the incoming dH is
     # formed here, in parallel over chunks, rather than in the sequential scan:
@@ -155,7 +156,7 @@ def _delta_chunk_bwd_prep_kernel(
     for v0 in range(0, V, BV):
         do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
         dU0 = tl.dot(P_c, do_t, input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(dU_out, t0, L, HV * V, i_hv * V, v0, V, BT, BV), dU0, boundary_check=(0, 1))
+        store_tile(dU_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, dU0)
         rhs = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if WRITE == 1:
             rhs = rhs * load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
@@ -175,14 +176,12 @@ def _delta_chunk_bwd_prep_kernel(
             elif DECAY == 1:
                 e_g = e_g * tl.exp(G)[:, None]
                 q_g = q_g * tl.exp(G)[:, None]
-            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero").to(DT)
+            S0 = load_state_tile(h, chunk_state, k0, o_k, v0 + o_bv, K, V).to(DT)
             rhs -= tl.dot(e_g.to(DT), S0, input_precision=DOT_PRECISION)
             dS_q = tl.dot(tl.trans(q_g.to(DT)), do_t, input_precision=DOT_PRECISION)
-            d_ptr = tl.make_block_ptr(dh_out + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            tl.store(d_ptr, dS_q, boundary_check=(0, 1))
+            state_block_io(dh_out, chunk_state, k0, o_k, v0 + o_bv, dS_q, K, V, False)
         U = tl.dot(A_c, rhs.to(DT), input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(U_out, t0, L, HV * V, i_hv * V, v0, V, BT, BV), U, boundary_check=(0, 1))
+        store_tile(U_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, U)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
@@ -257,12 +256,13 @@ def _delta_chunk_bwd_dh_kernel(
             kt_3, eg_3, dc_3 = scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
                                               ERASE)
             dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
-        # A^T is read through a transposed block pointer, not formed with tl.trans: on an H200 (triton
-        # 3.6, DeltaNet) tl.trans(A) as a warpgroup-product operand read past the kernel's shared memory
-        # (compute-sanitizer: out-of-bounds __shared__ reads on this line) and dR came out NaN.
-        a_ptr = tl.make_block_ptr(A_buf + t0 * (HV * BT) + i_hv * BT, (BT, L), (1, HV * BT), (0, 0), (BT, BT),
-                                  (0, 1))
-        A_T = tl.load(a_ptr, boundary_check=(0, 1), padding_option="zero").to(DT)
+        # A^T is read through transposed pointers (A_T[i, j] = A[token j, column i]), not formed with
+        # tl.trans: on an H200 (triton 3.6, DeltaNet) tl.trans(A) as a warpgroup-product operand read
+        # past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads) and dR
+        # came out NaN.
+        a_base = A_buf + t0 * (HV * BT) + i_hv * BT
+        A_T = tl.load(a_base + o_t[:, None] + (o_t * (HV * BT))[None, :], mask=(o_t < L)[None, :],
+                      other=0.0).to(DT)
         dR = tl.dot(A_T, dU.to(DT), input_precision=DOT_PRECISION)
 
         val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]

@@ -16,6 +16,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     gated_intra_grads,
     load_gate,
     load_rows,
+    load_state_tile,
     load_tile,
     load_vec,
     row_of,
@@ -70,10 +71,8 @@ def _delta_chunk_bwd_dqk_kernel(
             do_t = load_tile(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
             U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
             dR_t = load_tile(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            s_ptr = tl.make_block_ptr(h + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            S0 = tl.load(s_ptr, boundary_check=(0, 1), padding_option="zero")
-            d_ptr = tl.make_block_ptr(dh_buf + chunk_state, (K, V), (V, 1), (k0, v0), (BK, BV), (1, 0))
-            dH = tl.load(d_ptr, boundary_check=(0, 1), padding_option="zero")
+            S0 = load_state_tile(h, chunk_state, k0, o_k, v0 + o_bv, K, V)
+            dH = load_state_tile(dh_buf, chunk_state, k0, o_k, v0 + o_bv, K, V)
             S0_T = tl.trans(S0.to(DT))
             dq_h = tl.dot(do_t, S0_T, dq_h, input_precision=DOT_PRECISION)
             de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)

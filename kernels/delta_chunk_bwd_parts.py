@@ -3,13 +3,15 @@
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
 * ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
-* ``load_tile`` / ``load_rows`` / ``tile_ptr``: a ``[BT, BC]`` tile of a ``[tokens, heads, C]``
-  tensor, zero outside the chunk.
+* ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile``: a ``[BT, BC]`` tile of a
+  ``[tokens, heads, C]`` tensor, masked to the chunk (plain pointers: no block pointers, which
+  Triton 3.9 removed).
 * ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
 * ``unit_lower_inverse``: ``(I + M)^-1`` for a strictly lower triangular ``M``.
+* ``state_tile_ptrs`` / ``load_state_tile``: a ``[BK, BV]`` block of a ``[K, V]`` state.
 * ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
 
 Per-channel decay is handled one key column ``j`` at a time, so every exponent is ``G_i - G_j``
@@ -40,26 +42,35 @@ def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr)
 
 
 @triton.jit
+def tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """Pointers and mask of the tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` of a
+    ``[rows, row_stride]`` tensor: rows ``o_t < L`` and columns ``col0 + o_c < N_COLS`` are valid.
+    The int64 row offset ``t0 * row_stride`` goes into the base pointer; the per-element offsets
+    inside the tile stay int32."""
+    base = ptr + t0 * row_stride + head_off + col0
+    ptrs = base + (o_t * row_stride)[:, None] + o_c[None, :]
+    mask = (o_t < L)[:, None] & ((col0 + o_c) < N_COLS)[None, :]
+    return ptrs, mask
+
+
+@triton.jit
 def load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
-    """Tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` in the tensor's dtype (row stride ``row_stride``),
-    zero for ``o_t >= L`` or ``col0 + o_c >= N_COLS``. The int64 row offset ``t0 * row_stride`` goes
-    into the base pointer; the block pointer's offsets inside the tile are the tile's own."""
-    bp = tile_ptr(ptr, t0, L, row_stride, head_off, col0, N_COLS, o_t.shape[0], o_c.shape[0])
-    return tl.load(bp, boundary_check=(0, 1), padding_option="zero")
+    """The tile of ``tile_ptrs`` in the tensor's dtype, zero outside the valid rows and columns."""
+    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS, x):
+    """Store ``x`` into the valid part of the tile of ``tile_ptrs`` (cast to the tensor's dtype)."""
+    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
+    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
     """``load_tile`` in fp32."""
     return load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS).to(tl.float32)
-
-
-@triton.jit
-def tile_ptr(ptr, t0, L, row_stride, head_off, col0, N_COLS, BR: tl.constexpr, BC: tl.constexpr):
-    """Block pointer to the ``[BR, BC]`` tile at row ``t0`` (int64) and column ``head_off + col0`` of a
-    ``[rows, row_stride]`` tensor, with ``L`` valid rows and ``N_COLS`` valid columns past ``head_off``."""
-    return tl.make_block_ptr(ptr + t0 * row_stride + head_off, (L, N_COLS), (row_stride, 1), (0, col0),
-                             (BR, BC), (1, 0))
 
 
 @triton.jit
@@ -207,28 +218,43 @@ def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: 
 def swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr):
     """Read ``Qg^T dO`` (left by the prep kernel) from rows ``k0 + o_k`` of the chunk's ``dh_buf`` slot
     and put ``dH`` there instead."""
-    offs = chunk_state + (k0 + o_k)[:, None] * V + o_v[None, :]
-    mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
-    dS_q = tl.load(dh_buf + offs, mask=mask, other=0.0)
+    ptrs, mask = state_tile_ptrs(dh_buf, chunk_state, k0, o_k, o_v, K, V)
+    dS_q = tl.load(ptrs, mask=mask, other=0.0)
     # another thread of the program may own the element in the store's layout
     tl.debug_barrier()
-    tl.store(dh_buf + offs, dh, mask=mask)
+    tl.store(ptrs, dh, mask=mask)
     return dS_q
 
 
 @triton.jit
-def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, LOAD: tl.constexpr):
-    """Load (``LOAD``) or store rows ``k0 + o_k`` of a ``[N, HV, K, V]`` state."""
-    offs = head_state + (k0 + o_k)[:, None] * V + o_v[None, :]
+def state_tile_ptrs(ptr, head_state, k0, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    """Pointers and mask of rows ``k0 + o_k`` and columns ``o_v`` of the ``[K, V]`` state at
+    ``ptr + head_state`` (an int64 element offset)."""
+    ptrs = ptr + head_state + (k0 + o_k)[:, None] * V + o_v[None, :]
     mask = ((k0 + o_k) < K)[:, None] & (o_v < V)[None, :]
+    return ptrs, mask
+
+
+@triton.jit
+def load_state_tile(ptr, head_state, k0, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    """The ``state_tile_ptrs`` block in the state's dtype, zero outside ``K x V``."""
+    ptrs, mask = state_tile_ptrs(ptr, head_state, k0, o_k, o_v, K, V)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, LOAD: tl.constexpr):
+    """Load (``LOAD``, in fp32) or store ``dh`` into rows ``k0 + o_k`` of a ``[K, V]`` state."""
     if LOAD:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return load_state_tile(ptr, head_state, k0, o_k, o_v, K, V).to(tl.float32)
     else:
-        tl.store(ptr + offs, dh, mask=mask)
+        ptrs, mask = state_tile_ptrs(ptr, head_state, k0, o_k, o_v, K, V)
+        tl.store(ptrs, dh, mask=mask)
         return dh
 
 
 __all__ = [
-    "chunk_bounds", "load_tile", "load_rows", "tile_ptr", "load_vec", "load_gate", "row_of", "col_of", "rows_gram", "gated_gram",
-    "gated_intra_grads", "unit_lower_inverse", "scan_operands", "swap_state_block", "state_block_io",
+    "chunk_bounds", "tile_ptrs", "load_tile", "store_tile", "load_rows", "load_vec", "load_gate", "row_of", "col_of",
+    "rows_gram", "gated_gram", "gated_intra_grads", "unit_lower_inverse", "scan_operands", "state_tile_ptrs",
+    "load_state_tile", "swap_state_block", "state_block_io",
 ]
