@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from lamina.kernels._utils import cdiv, next_power_of_2
+from lamina.kernels.delta_chunk_common import has_warpgroup_mma  # noqa: F401 - re-exported
 
 # Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
 # 128 would not fit in registers next to the rest.
@@ -67,12 +68,6 @@ class BwdTiles(NamedTuple):
     scan_bv: int
     dqk_bk: int
     dqk_bv: int
-
-
-def has_warpgroup_mma(device: torch.device) -> bool:
-    """Hopper (sm_90): tensor-core products read their operands from shared memory (wgmma), so the
-    dqk kernel affords wider key blocks. False on CPU (the interpreter) and on every other GPU."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool) -> BwdTiles:

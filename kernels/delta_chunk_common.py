@@ -40,8 +40,12 @@ STATE_BLOCK_K = 64
 STATE_BLOCK_K_WIDE = 128
 # At most this many fp32 state elements per program (16 registers a thread at 8 warps, next to
 # the [BT, BV] accumulators): the V tile shrinks as K grows (K <= 64: 64 columns, K = 128: 32,
-# K >= 256: 16). Static report: K = 128 with 64 columns spilled on sm_80, 32 did not.
+# K >= 256: 16). Targets without warpgroup products (sm_80: mma.sync keeps the operands of both
+# products in registers) get half: at K = 128 and 32 columns the state pass used 250-255 registers
+# on sm_80 and spilled (GDN, Triton 3.9: 1 STL); 16 columns compile to 128 registers for all four
+# variants under Triton 3.6 and 3.9.
 STATE_TILE_ELEMS = 4096
+STATE_TILE_ELEMS_MMA_SYNC = 2048
 # Smallest V tile: tl.dot needs dims >= 16.
 MIN_BLOCK = 16
 
@@ -94,10 +98,18 @@ def key_blocks(K: int) -> tuple[int, int]:
 FP32_V_TILE_DIVISOR = 4
 
 
-def value_block(K: int, V: int, fp32: bool = False) -> int:
-    """V tile of one state-pass program, so that the K x BV fp32 state stays in registers."""
+def has_warpgroup_mma(device: torch.device) -> bool:
+    """Hopper (sm_90): tensor-core products read their operands from shared memory (wgmma), which
+    leaves registers for wider tiles. False on CPU (the interpreter) and on every other GPU."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def value_block(K: int, V: int, fp32: bool = False, warpgroup_mma: bool = True) -> int:
+    """V tile of one state-pass program, so that the K x BV fp32 state stays in registers
+    (``warpgroup_mma``: the target has warpgroup products, see ``has_warpgroup_mma``)."""
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    bv = min(next_power_of_2(V), 64, STATE_TILE_ELEMS // k_pad)
+    budget = STATE_TILE_ELEMS if warpgroup_mma else STATE_TILE_ELEMS_MMA_SYNC
+    bv = min(next_power_of_2(V), 64, budget // k_pad)
     return max(MIN_BLOCK, bv // FP32_V_TILE_DIVISOR if fp32 else bv)
 
 

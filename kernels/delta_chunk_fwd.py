@@ -51,6 +51,7 @@ from lamina.kernels.delta_chunk_common import (
     chunk_indices,
     decay_kind,
     gate_kind,
+    has_warpgroup_mma,
     key_blocks,
     value_block,
 )
@@ -453,7 +454,7 @@ def delta_chunk_fwd(
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), SOLVE_BLOCK=min(SOLVE_BLOCK, BT), **flags,
             **{**common, "BK": BKP, "NK": NKP})
-    BV = value_block(K, V, fp32=q.dtype == torch.float32)
+    BV = value_block(K, V, fp32=q.dtype == torch.float32, warpgroup_mma=has_warpgroup_mma(q.device))
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states else None
@@ -473,6 +474,8 @@ def delta_chunk_fwd(
 # arch, and on sm_80 it and the K = 512 state pass kept one spill store (seen with these tiles).
 _AOT_DIMS = ((128, 128), (256, 256))
 _AOT_BT = CHUNK_SIZE
+# The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
+_AOT_TARGETS = {90: True, 80: False}
 
 
 def _register_aot_specs() -> None:
@@ -495,19 +498,25 @@ def _register_aot_specs() -> None:
             register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
                                  num_warps=8, num_stages=1,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)}))
-            BV = value_block(K, V)
-            scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
-                      "STORE_FINAL_STATE": True, "SAVE_STATES": True, "DOT_PREC": DOT_PRECISION,
-                      "cu_seqlens": None}
-            if decay == DecayKind.NONE:
-                scan_c["gcum"] = None
-            scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                        "ht": "*fp32", "h": "*fp32", "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
-                        "scale": "fp32", "T": "i32"}
-            scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
-            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
-                                 scan_sig, scan_c, num_warps=8, num_stages=1,
-                                 meta={"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
+            # the V tile each target runs with; one entry per distinct tile
+            per_arch: dict[int, list[int]] = {}
+            for arch, warpgroup_mma in _AOT_TARGETS.items():
+                per_arch.setdefault(value_block(K, V, warpgroup_mma=warpgroup_mma), []).append(arch)
+            for BV, archs in per_arch.items():
+                scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay,
+                          "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
+                          "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
+                if decay == DecayKind.NONE:
+                    scan_c["gcum"] = None
+                scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
+                            "ht": "*fp32", "h": "*fp32", "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
+                            "scale": "fp32", "T": "i32"}
+                scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
+                meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}
+                if len(per_arch) > 1:
+                    meta["archs"] = archs
+                register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
+                                     scan_sig, scan_c, num_warps=8, num_stages=1, meta=meta))
 
 
 _register_aot_specs()

@@ -30,19 +30,28 @@ import triton.language as tl
 
 from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, next_power_of_2, register_aot
 
-# Widest row kept whole in one program (16 warps, so at most 128 registers per thread).
-# Forward: 8192 columns compile to <= 103 registers on sm_90 without spills. Backward holds
-# h, c, z, dy, yn, w and two column accumulators: 4096 columns fit in 128 registers, 8192
-# spill (a 312-byte stack, bf16, per-channel gate). Wider rows are processed in column tiles.
+# Widest row kept whole in one program. Forward (16 warps, at most 128 registers a thread): 8192
+# columns compile to <= 103 registers on sm_90 without spills. Backward (32 warps, at most 64
+# registers a thread) holds h, c, z, dy, yn, w and two column accumulators: 4096 columns fit, 8192
+# spilled (a 312-byte stack at 16 warps, bf16, per-channel gate). Wider rows are processed in
+# column tiles.
 MAX_BLOCK_D_FWD = 8192
 MAX_BLOCK_D_BWD = 4096
 # Bytes each thread should load per tensor per row: one 16-byte vector load (LDG.128).
 VECTOR_BYTES = 16
+# The backward keeps about eight row tiles live at once (h, c, z, dy, yn, w and the two column
+# accumulators), so a thread takes at most 4 columns of each: at D = 4096 (bf16) 8 columns a thread
+# over 16 warps needed the whole 128-register budget and spilled on sm_90 with Triton 3.9 (1 STL);
+# 4 columns over 32 warps compile to 54-64 registers without spills on sm_90 and sm_80 under
+# Triton 3.6 and 3.9 (static report).
+BWD_MAX_COLUMNS_PER_THREAD = 4
 # A program covers at least this many elements, so that narrow rows (D = 64) are batched
 # several per program instead of launching one tiny program per row.
 MIN_TILE_ELEMS = 2048
-# Warps per program are capped at 16 (512 threads); more gains nothing for a streaming kernel.
+# Warps per program: the forward stops at 16 (512 threads), more gains nothing for a streaming
+# kernel; the backward goes to 32 (1024 threads, the CUDA limit) to spread its live tiles.
 MAX_WARPS = 16
+MAX_WARPS_BWD = 32
 # Resident warps per SM on sm_80/sm_90 (2048 threads): sizes the persistent backward grid.
 MAX_WARPS_PER_SM = 64
 # Programs of the backward grid under the interpreter: more than one, so that the second
@@ -53,12 +62,16 @@ REDUCE_BLOCK_P = 32
 REDUCE_BLOCK_D = 256
 
 
-def launch_config(d: int, elem_size: int, max_block_d: int) -> tuple[int, int, int]:
-    """(BLOCK_D, ROWS, num_warps) for rows of ``d`` elements of ``elem_size`` bytes."""
+def launch_config(d: int, elem_size: int, backward: bool) -> tuple[int, int, int]:
+    """(BLOCK_D, ROWS, num_warps) of the forward or backward kernel for rows of ``d`` elements of
+    ``elem_size`` bytes."""
+    max_block_d, max_warps = (MAX_BLOCK_D_BWD, MAX_WARPS_BWD) if backward else (MAX_BLOCK_D_FWD, MAX_WARPS)
     block_d = min(next_power_of_2(d), max_block_d)
     rows = max(1, MIN_TILE_ELEMS // block_d)
     per_thread = max(1, VECTOR_BYTES // elem_size)
-    num_warps = max(1, min(MAX_WARPS, (rows * block_d) // (32 * per_thread)))
+    if backward:
+        per_thread = min(per_thread, BWD_MAX_COLUMNS_PER_THREAD)
+    num_warps = max(1, min(max_warps, (rows * block_d) // (32 * per_thread)))
     return block_d, rows, num_warps
 
 
@@ -284,7 +297,7 @@ def hrm_update_fwd(
     inputs) when ``weight`` is given, else None.
     """
     n, d = h.shape
-    block_d, rows, num_warps = launch_config(d, h.element_size(), MAX_BLOCK_D_FWD)
+    block_d, rows, num_warps = launch_config(d, h.element_size(), backward=False)
     rstd = None
     if weight is not None:
         rstd = torch.empty(n, device=h.device, dtype=_compute_dtype(h.dtype))
@@ -322,7 +335,7 @@ def hrm_update_bwd(
     """
     n, d = h.shape
     per_channel = gate.shape[1] == d
-    block_d, rows, num_warps = launch_config(d, h.element_size(), MAX_BLOCK_D_BWD)
+    block_d, rows, num_warps = launch_config(d, h.element_size(), backward=True)
     n_blocks = cdiv(n, rows)
     programs = _bwd_programs(n_blocks, num_warps, h.device)
     single_tile = d <= block_d
@@ -377,11 +390,11 @@ def _register_default_configs() -> None:
     for d, dtype, per_channel in _AOT_CASES:
         dt = _TRITON_TYPE[dtype]
         gate = "channel" if per_channel else "token"
-        for kind, fn, signature, max_block in (
-            ("fwd", _hrm_update_fwd_kernel, _fwd_signature(dt), MAX_BLOCK_D_FWD),
-            ("bwd", _hrm_update_bwd_kernel, _bwd_signature(dt), MAX_BLOCK_D_BWD),
+        for kind, fn, signature in (
+            ("fwd", _hrm_update_fwd_kernel, _fwd_signature(dt)),
+            ("bwd", _hrm_update_bwd_kernel, _bwd_signature(dt)),
         ):
-            block_d, rows, num_warps = launch_config(d, dtype.itemsize, max_block)
+            block_d, rows, num_warps = launch_config(d, dtype.itemsize, backward=kind == "bwd")
             constexprs = {"GATE_PER_CHANNEL": per_channel, "HAS_BIAS": True, "HAS_NORM": True,
                           "COMPUTE": tl.float32, "BLOCK_D": block_d, "ROWS": rows, "SINGLE_TILE": d <= block_d}
             register_aot(AotSpec(

@@ -37,11 +37,13 @@ from lamina.kernels.prism_attn_common import (
 
 # Tile configurations per head-dim bucket (checked by the static report: 0 spills, HGMMA, shared
 # memory within sm_90 and sm_80 limits). Measured with 16-divisible strides, bf16, causal:
-# D <= 128 keeps FlashAttention-2's 128 x 64 tiles (<= 240 registers, <= 128 KB shared); at 256,
+# D <= 128 keeps FlashAttention-2's 128 x 64 tiles (<= 240 registers, <= 128 KB shared) over 8 warps
+# (D = 64 with 4 warps used 255 registers on sm_80 and spilled 2 STL under Triton 3.9; 8 warps compile
+# to <= 191 registers on sm_90 and sm_80 under Triton 3.6 and 3.9); at 256,
 # BLOCK_M = 128 spills (8 STL, 192 KB), 64 x 64 does not (160 KB on sm_90); above 256 the
 # pipelined query and key chunks need BLOCK_N = 32 (64 x 64: 3 STL and 256 KB, over sm_90's 227 KB).
 FWD_CONFIGS: dict[int, list[triton.Config]] = {
-    64: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3)],
+    64: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)],
     128: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)],
     256: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
     512: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2)],
