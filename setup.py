@@ -13,8 +13,12 @@ any machine, with or without a GPU.
 
 import glob
 import os
+import runpy
 
 from setuptools import setup
+
+# The tested dependency ranges live in the package (``lamina info`` checks them at run time).
+VERSIONS = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "python", "lamina", "_versions.py"))
 
 BUILD_CUDA = os.environ.get("LAMINA_BUILD_CUDA", "0") == "1"
 BUILD_CPU = os.environ.get("LAMINA_BUILD_CPU", "0") == "1"
@@ -57,7 +61,7 @@ setup(
         "lamina.models",
         "lamina.bench",
     ],
-    install_requires=["torch>=2.4", "triton>=3.2", "einops>=0.7", "numpy"],
+    install_requires=[VERSIONS["TORCH_REQUIREMENT"], VERSIONS["TRITON_REQUIREMENT"], "einops>=0.7", "numpy"],
     extras_require={
         "test": [
             "pytest>=8",

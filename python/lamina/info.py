@@ -21,6 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lamina._versions import triton_status
+
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
 SHARED_LIMIT_BYTES = {90: 232448, 80: 166912}
 DEFAULT_ARCHS = (90, 80)
@@ -159,13 +161,19 @@ def _format_table(rows: list[KernelReport]) -> str:
     return "\n".join(out)
 
 
+def _module_version(mod: str) -> str | None:
+    try:
+        return getattr(importlib.import_module(mod), "__version__", "unknown")
+    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+        return None
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for mod in ("torch", "triton", "numpy", "einops", "fla", "flash_attn"):
-        try:
-            out[mod] = getattr(importlib.import_module(mod), "__version__", "unknown")
-        except Exception:  # noqa: BLE001
-            out[mod] = "not installed"
+        out[mod] = _module_version(mod) or "not installed"
+    # the Triton line says whether this version is one lamina is tested with
+    out["triton"] = triton_status(_module_version("triton"))
     return out
 
 
@@ -230,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad_arch:
         parser.error(f"--arch: supported SM versions are {sorted(SHARED_LIMIT_BYTES)}, got {bad_arch}")
     rows = kernel_report(archs, args.filter, args.jobs)
+    if not args.json:
+        print(f"triton {triton_status(_module_version('triton'))}")
     if args.json:
         print(json.dumps([{**asdict(r), "problems": r.problems()} for r in rows], indent=1))
     else:
