@@ -79,12 +79,22 @@ def test_environment_and_default_path():
     for key in ("device_name", "commit", "torch", "triton", "fla", "date", "lamina"):
         assert key in env
     assert env["torch"] == torch.__version__
-    path = default_results_path("cpu")
-    assert path.name.endswith("-cpu.jsonl")
     root = repo_root()
     if root is not None:  # editable install from this repository
-        assert path.parent == root / "benchmarks" / "results"
         assert env["commit"] and len(env["commit"]) == 40
+
+
+def test_default_results_path_is_outside_the_checkout(monkeypatch, tmp_path):
+    monkeypatch.delenv("LAMINA_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = default_results_path("cpu")
+    assert path.name.endswith("-cpu.jsonl")
+    assert path.parent == tmp_path / "cache" / "lamina" / "bench"
+    monkeypatch.setenv("LAMINA_RESULTS_DIR", str(tmp_path / "mine"))
+    assert default_results_path("cpu").parent == tmp_path / "mine"
+    root = repo_root()
+    if root is not None:
+        assert not default_results_path("cpu").resolve().is_relative_to(root.resolve())
 
 
 @pytest.mark.parametrize("op", list(specs.OPS))

@@ -62,8 +62,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", action="append", help=f"mode(s): {', '.join(MODES)}")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--shapes", choices=SHAPE_SETS, help="shape set (default: standard on cuda, small on cpu)")
-    p.add_argument("--out", help="results file, JSON lines, appended (default: "
-                   "benchmarks/results/<date>-<device>.jsonl)")
+    p.add_argument("--out", help="results file, JSON lines, appended (default: <date>-<device>.jsonl in "
+                   "$LAMINA_RESULTS_DIR or ~/.cache/lamina/bench, never inside the checkout)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
     p.add_argument("--time-budget", type=float, help="seconds; cases not started in time are recorded as skipped")
     p.add_argument("--warmup-ms", type=float, help="CUDA warm-up per case (do_bench)")

@@ -94,12 +94,26 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
+# Where ``lamina bench`` appends its results unless given ``--out``.
+RESULTS_DIR_ENV = "LAMINA_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    """``$LAMINA_RESULTS_DIR``, else ``$XDG_CACHE_HOME/lamina/bench`` (``~/.cache/lamina/bench``).
+
+    Never a folder of the checkout: a benchmark run must not dirty the working tree. Results meant
+    for the repository are written with ``--out benchmarks/results/...`` and committed on purpose.
+    """
+    explicit = os.environ.get(RESULTS_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "lamina" / "bench"
+
+
 def default_results_path(device: str) -> Path:
-    """``benchmarks/results/<date>-<device>.jsonl`` in the repository when lamina is installed
-    editable from it; otherwise ``<date>-<device>.jsonl`` in the current directory."""
-    name = f"{_dt.date.today().isoformat()}-{device_slug(device)}.jsonl"
-    root = repo_root()
-    return (root / "benchmarks" / "results" / name) if root is not None else Path.cwd() / name
+    """``<results_dir()>/<date>-<device>.jsonl``."""
+    return results_dir() / f"{_dt.date.today().isoformat()}-{device_slug(device)}.jsonl"
 
 
 class ResultWriter:
