@@ -72,6 +72,10 @@ setup(
             "fla-core==0.6.0",
             "ruff",
             "matplotlib",  # tests/test_bench_cli.py renders `lamina bench plot` PNGs
+            # the device check's dry run (tests/test_bench_device_check.py) and the CPU extension build
+            # install lamina with --no-build-isolation, which needs the build backend in the environment
+            "setuptools>=64",
+            "wheel",
         ],
         "bench": ["matplotlib", "rich"],
     },
