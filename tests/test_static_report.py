@@ -43,6 +43,9 @@ def test_report_detects_spills_and_hgmma():
 def test_every_default_kernel_config_compiles_without_spills():
     proc = _run(["-m", "lamina.info", "--kernels", "--json"])
     assert proc.stdout, proc.stderr
+    saved = os.environ.get("LAMINA_STATIC_REPORT_JSON")
+    if saved:  # CI prints the table from this file (`lamina info --kernels --from-json`) instead of compiling twice
+        Path(saved).write_text(proc.stdout)
     rows = json.loads(proc.stdout)
     from lamina.kernels import KERNEL_MODULES
 
@@ -63,6 +66,25 @@ def test_info_runs():
     proc = _run(["-m", "lamina.cli", "info"])
     assert proc.returncode == 0, proc.stderr
     assert "torch" in proc.stdout and "backends" in proc.stdout
+
+
+def test_table_from_a_saved_report(tmp_path):
+    from lamina.info import KernelReport
+
+    ok = KernelReport("k", "c", 90, True, True, registers=100, stack_bytes=0, spill_stores=0, spill_loads=0,
+                      shared_bytes=1024, hgmma=True)
+    spilled = KernelReport("k", "c2", 80, True, True, registers=255, stack_bytes=8, spill_stores=1, spill_loads=1,
+                           shared_bytes=1024)
+    from dataclasses import asdict
+
+    for rows, status in (([ok], 0), ([ok, spilled], 1)):
+        path = tmp_path / "report.json"
+        path.write_text(json.dumps([asdict(r) for r in rows]))
+        proc = _run(["-m", "lamina.info", "--kernels", "--from-json", str(path)])
+        assert proc.returncode == status, proc.stderr
+        assert f"{len(rows)} compiled configurations, {status} default configurations with problems" in proc.stdout
+    proc = _run(["-m", "lamina.info", "--kernels", "--from-json", str(tmp_path / "missing.json")])
+    assert proc.returncode == 2 and "--from-json" in proc.stderr
 
 
 @pytest.mark.parametrize("bad", [["--arch", "75"]])

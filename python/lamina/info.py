@@ -211,7 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", default="", help="only kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="with --kernels: print the table of a report saved by `--kernels --json` instead of "
+                             "compiling again (same exit status)")
     args = parser.parse_args(argv)
+
+    if args.kernels and args.from_json:
+        try:
+            saved = json.loads(Path(args.from_json).read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--from-json: cannot read a saved report from {args.from_json!r}: {exc}")
+        fields = {f for f in KernelReport.__dataclass_fields__}
+        rows = [KernelReport(**{k: v for k, v in r.items() if k in fields}) for r in saved]
+        return _print_report(rows, as_json=args.json)
 
     if not args.kernels:
         summary = environment_summary()
@@ -237,12 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     bad_arch = [a for a in archs if a not in SHARED_LIMIT_BYTES]
     if bad_arch:
         parser.error(f"--arch: supported SM versions are {sorted(SHARED_LIMIT_BYTES)}, got {bad_arch}")
-    rows = kernel_report(archs, args.filter, args.jobs)
-    if not args.json:
-        print(f"triton {triton_status(_module_version('triton'))}")
-    if args.json:
+    return _print_report(kernel_report(archs, args.filter, args.jobs), as_json=args.json)
+
+
+def _print_report(rows: list[KernelReport], as_json: bool) -> int:
+    """Print the report (table or JSON); exit status 1 when a default configuration has a problem."""
+    if as_json:
         print(json.dumps([{**asdict(r), "problems": r.problems()} for r in rows], indent=1))
     else:
+        print(f"triton {triton_status(_module_version('triton'))}")
         print(_format_table(rows))
         bad = [r for r in rows if r.default and r.problems()]
         print(f"\n{len(rows)} compiled configurations, {len(bad)} default configurations with problems")
