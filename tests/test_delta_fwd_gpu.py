@@ -32,8 +32,10 @@ def _cuda(xs):
 
 def _call(variant, recurrent, q, k, v, g, b, w, s0, cu, backend="triton", **kw):
     fn = OPS[variant][1 if recurrent else 0]
-    gates = {"delta": (b,), "gdn": (g, b), "kda": (g, b), "gdn2": (g, b, w)}[variant]
-    return fn(q, k, v, *gates, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend=backend, **kw)
+    # by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...)
+    gates = {"delta": dict(beta=b), "gdn": dict(g=g, beta=b), "kda": dict(g=g, beta=b),
+             "gdn2": dict(g=g, b=b, w=w)}[variant]
+    return fn(q, k, v, **gates, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend=backend, **kw)
 
 
 def _reference(variant, q, k, v, g, b, w, s0, cu, chunked=False):

@@ -93,8 +93,8 @@ CALLS = {
 }
 RECURRENT_CALLS = {
     "delta": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_delta_rule(q, k, v, b[..., 0], **kw),
-    "gdn": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_gated_delta_rule(q, k, v, g[..., 0], b[..., 0],
-                                                                                   **kw),
+    "gdn": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_gated_delta_rule(q, k, v, g[..., 0],
+                                                                                   beta=b[..., 0], **kw),
     "kda": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_kda(q, k, v, g, b[..., 0], **kw),
     "gdn2": lambda q, k, v, g, b, w, **kw: lamina.fused_recurrent_gdn2(q, k, v, g, b, w[..., :V], **kw),
 }

@@ -115,7 +115,8 @@ def _call_api(fn: Callable, op: str, x: dict[str, Any], **extra: Any) -> Runner:
     if op == "hrm_update":
         return lambda: fn(x["h"], x["c"], x["gate_logits"], bias=x["bias"], norm_weight=x["norm_weight"], **extra)
     if op == "gdn_decode":
-        return lambda: fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
+        # beta by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...)
+        return lambda: fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["state"],
                           output_final_state=True, **extra)
     raise ProviderSkip(f"no calling convention for op {op!r}")
 

@@ -160,7 +160,8 @@ class DeltaRuleAttention(nn.Module):
                 o, state = fn(q, k, v, beta, **common)
             elif self.mode == "gdn":
                 fn = ops.fused_recurrent_gated_delta_rule if recurrent else ops.chunk_gated_delta_rule
-                o, state = fn(q, k, v, a, beta, **gate, **beta_args, **common)
+                # by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...)
+                o, state = fn(q, k, v, g=a, beta=beta, **gate, **beta_args, **common)
             else:
                 fn = ops.fused_recurrent_kda if recurrent else ops.chunk_kda
                 o, state = fn(q, k, v, a, beta, **gate, **beta_args, **common)
