@@ -1,9 +1,30 @@
 """Functional API of the delta-rule family (re-exported by ``lamina``), fla 0.6's names and order.
 
 ``chunk_delta_rule``, ``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_gdn2`` (chunked, for
-training and prefill) and their ``fused_recurrent_*`` twins (token by token, for decoding;
-same arguments, no ``chunk_size``). All return ``(o [B, T, HV, V] in v.dtype,
-final_state [N, HV, K, V] float32 or None)``.
+training and prefill) and their ``fused_recurrent_*`` twins (token by token, for decoding). All
+return ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``; the state is
+``[N, HV, K, V]``, or ``[N, HV, V, K]`` with ``state_v_first=True``.
+
+fla compatibility (an fla 0.6 call runs unchanged after changing the import):
+
+* Every named parameter of fla's function of the same name, in fla's positional order and with
+  fla's default. The keys fla reads from ``**kwargs`` are explicit keyword-only parameters here
+  (``chunk_size``; ``use_gate_in_kernel``/``A_log``/``dt_bias`` of ``chunk_gated_delta_rule``;
+  ``A_log``/``dt_bias`` of ``chunk_kda``/``chunk_gdn2``; ``transpose_state_layout``, the deprecated
+  alias of ``state_v_first``; ``head_first``), as are lamina's own (``backend``, and ``safe_gate``
+  where fla lacks it). There is no ``**kwargs``: an unknown keyword is Python's TypeError.
+* ``state_v_first=True``: the initial and final states are ``[N, HV, V, K]`` (transposed at the
+  op boundary; gradients reach ``initial_state`` in that layout).
+* Accepted, results unchanged: ``cu_seqlens_cpu`` (a CPU copy of ``cu_seqlens`` of the same
+  length; the offsets are validated on it instead of being read back from the device; the chunked
+  Triton launchers still read their chunk count from the device once),
+  ``chunk_indices`` (lamina computes its own), ``disable_recompute``, ``use_graph``,
+  ``max_num_seqs`` (performance hints of fla's kernels).
+* Refused when not at fla's default (NotImplementedError naming the parameter):
+  ``return_intermediate_states=True``, ``cp_context`` not None, ``head_first=True``, ``gv`` not
+  None, and a per-value-channel ``beta [B, T, HV, V]``.
+* lamina is wider where it can be: float32 inputs, any chunk size of 16/32/64, gradients of the
+  ``fused_recurrent_*`` ops.
 
 Input transforms: the in-kernel options of fla (``use_qk_l2norm_in_kernel``,
 ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``
@@ -29,11 +50,20 @@ from lamina.ops.delta_rule_core import (
     delta_rule_core,
     gate_activation,
     l2norm,
+    refuse,
+    state_layout,
     validate_inputs,
 )
 
-# Shape of each gate relative to (B, T, HV, K, V), by variant.
+# Gate kinds: one scalar per (token, value head), or one value per key/value channel.
 _SCALAR = "scalar"
+_CHANNEL = "channel"
+
+# What lamina supports instead, for the fla parameters it refuses (the sentence after "not supported").
+_ONLY_STATES = "lamina returns (o, final_state) only (return_intermediate_states=False)"
+_NO_CP = ("fla's context parallelism is not available; lamina supports cp_context=None "
+          "(one device, or varlen packing with cu_seqlens)")
+_NO_HEAD_FIRST = "inputs are [B, T, H, ...] (head_first=False), as in fla 0.6"
 
 
 def _run(
@@ -42,7 +72,7 @@ def _run(
     k: torch.Tensor,
     v: torch.Tensor,
     g: torch.Tensor | None,
-    b: torch.Tensor,
+    b: torch.Tensor | None,
     w: torch.Tensor | None,
     *,
     g_kind: str | None,
@@ -51,19 +81,26 @@ def _run(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     use_qk_l2norm_in_kernel: bool,
-    use_gate_in_kernel: bool,
-    A_log: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    use_beta_sigmoid_in_kernel: bool,
-    allow_neg_eigval: bool,
-    lower_bound: float | None,
     cu_seqlens: torch.Tensor | None,
-    chunk_size: int,
     recurrent: bool,
     backend: str,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Validate, transform and dispatch. ``g_kind``: None | "scalar" | "channel" (decay);
-    ``gate_kind``: "scalar" (one beta for erase and write) or "channel" (GDN-2's b and w)."""
+    """Validate, transform and dispatch.
+
+    ``g_kind``: None | "scalar" | "channel" (the decay ``g``); ``gk``: an extra per-K log decay added
+    to ``g`` (fla's ``fused_recurrent_gated_delta_rule``). ``gate_kind``: "scalar" (one beta for
+    erase and write; ``b`` None means ones) or "channel" (GDN-2's ``b`` and ``w``).
+    """
     check_flag_args(op, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 and v.dim() == 4):
         validate_inputs(op, q, k, v, {}, initial_state, cu_seqlens, chunk_size)  # raises the right error
@@ -75,24 +112,42 @@ def _run(
         if g is None:
             raise ValueError(f"{op}: g (log decay) is required")
         gates["g"] = (g, lead if g_kind == _SCALAR else (*lead, K))
+    if gk is not None:
+        gates["gk"] = (gk, (*lead, K))
     if gate_kind == _SCALAR:
+        if isinstance(b, torch.Tensor) and b.dim() == 4:
+            raise NotImplementedError(f"{op}: beta of shape {tuple(b.shape)} (per value channel, [B, T, HV, V]) "
+                                      "is not supported by lamina; beta must be [B, T, HV] or None (ones)")
         gates["beta"] = (b, lead)
     else:
         gates["b"] = (b, (*lead, K))
         gates["w"] = (w, (*lead, V))
-    validate_inputs(op, q, k, v, gates, initial_state, cu_seqlens, chunk_size)
+    validate_inputs(op, q, k, v, gates, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu=cu_seqlens_cpu,
+                    state_v_first=state_v_first)
     if use_gate_in_kernel:
-        check_gate_params(HV, None if g_kind == _SCALAR else K, A_log, dt_bias,
-                          need_A_log=lower_bound is None)
+        if g is None:
+            raise ValueError(f"{op}: g (the raw gate input) is required with use_gate_in_kernel=True")
+        check_gate_params(HV, None if g_kind == _SCALAR else K, A_log, dt_bias, need_A_log=lower_bound is None)
         g = gate_activation(g, A_log, dt_bias, lower_bound)
+    if gk is not None:  # fla applies exp(g) then exp(gk): one per-channel log decay g + gk
+        if g is not None:
+            acc = torch.promote_types(torch.promote_types(g.dtype, gk.dtype), torch.float32)
+            gk = g.to(acc)[..., None] + gk.to(acc)
+        g = gk
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     if gate_kind == _SCALAR:
-        b = w = beta_activation(b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        b = q.new_ones(lead) if b is None else beta_activation(b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        w = b
     if scale is None:
         scale = K ** -0.5
-    return delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                           chunk_size, recurrent, backend)
+    if state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
+    o, ht = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                            chunk_size, recurrent, backend)
+    if state_v_first and ht is not None:
+        ht = ht.transpose(-1, -2).contiguous()
+    return o, ht
 
 
 def _kda_gate_checks(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None) -> None:
@@ -103,21 +158,32 @@ def _kda_gate_checks(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: flo
             raise ValueError(f"lower_bound must be in [-5, 0) with safe_gate=True, got {lower_bound}")
 
 
+def _refuse_chunk_extras(op: str, return_intermediate_states: bool, cp_context: object) -> None:
+    refuse(op, "return_intermediate_states", return_intermediate_states, False, _ONLY_STATES)
+    refuse(op, "cp_context", cp_context, None, _NO_CP)
+
+
 _COMMON_ARGS = """
-    Args:
+    Args (shared; each op has the subset of fla's signature shown above):
         q, k: ``[B, T, H, K]`` queries and keys (``K <= 256`` with gradients, ``<= 512`` forward only).
         v: ``[B, T, HV, V]`` values, ``HV % H == 0`` (value head j reads q/k head ``j // (HV // H)``).
         scale: query scale, default ``K ** -0.5``.
-        initial_state: ``[N, HV, K, V]`` float32, N = B or the number of sequences of ``cu_seqlens``.
-        output_final_state: also return the ``[N, HV, K, V]`` float32 final states.
+        initial_state: ``[N, HV, K, V]`` float32 (``[N, HV, V, K]`` with ``state_v_first``),
+            N = B or the number of sequences of ``cu_seqlens``.
+        output_final_state: also return the final states (float32, layout as ``initial_state``).
         use_qk_l2norm_in_kernel: l2-normalise q and k over K first (``x / sqrt(sum x^2 + 1e-6)``).
+        state_v_first: states in fla's V-first layout ``[N, HV, V, K]``; ``transpose_state_layout``
+            is its deprecated alias (DeprecationWarning; passing both with state_v_first=True is an error).
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of sequences packed along T (then B == 1).
-        chunk_size: 16, 32 or 64 tokens per chunk (chunked ops only).
+        cu_seqlens_cpu: optional CPU copy of ``cu_seqlens`` (same length); validation reads it
+            instead of ``cu_seqlens``.
+        chunk_size: 16, 32 or 64 tokens per chunk (chunked ops only; keyword-only, as fla reads it
+            from ``**kwargs``).
         backend: "auto" (CUDA: Triton; CPU: Triton under TRITON_INTERPRET=1, else PyTorch),
             "triton" or "torch".
 
     Returns:
-        ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] float32 or None)``.
+        ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``.
 """
 
 
@@ -131,15 +197,21 @@ def chunk_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    head_first: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """DeltaNet: ``S <- S + beta_t k_t (v_t - S^T k_t)^T``, ``o_t = S^T (scale q_t)``; ``beta: [B, T, HV]``."""
+    """DeltaNet: ``S <- S + beta_t k_t (v_t - S^T k_t)^T``, ``o_t = S^T (scale q_t)``; ``beta: [B, T, HV]``.
+
+    fla: all parameters accepted; ``head_first=True`` refused.
+    """
+    refuse("chunk_delta_rule", "head_first", head_first, False, _NO_HEAD_FIRST)
     return _run("chunk_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=False, A_log=None,
-                dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
-                cu_seqlens=cu_seqlens, chunk_size=chunk_size, recurrent=False, backend=backend)
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                chunk_size=chunk_size, recurrent=False, backend=backend)
 
 
 def chunk_gated_delta_rule(
@@ -154,11 +226,18 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     use_gate_in_kernel: bool = False,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    transpose_state_layout: bool | None = None,
+    head_first: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet: DeltaNet with ``S <- exp(g_t) S`` first; ``g, beta: [B, T, HV]``.
@@ -166,13 +245,21 @@ def chunk_gated_delta_rule(
     ``g`` is the log decay, or with ``use_gate_in_kernel`` the raw input of
     ``g = -exp(A_log) * softplus(g + dt_bias)`` (``A_log, dt_bias: [HV]``).
     ``use_beta_sigmoid_in_kernel``: ``beta = sigmoid(beta)`` (``2 * sigmoid`` with ``allow_neg_eigval``).
+
+    fla: ``chunk_indices`` accepted and unused (lamina indexes its own chunks); ``cp_context`` not
+    None and ``head_first=True`` refused.
     """
-    return _run("chunk_gated_delta_rule", q, k, v, g, beta, None, g_kind=_SCALAR, gate_kind=_SCALAR, scale=scale,
+    op = "chunk_gated_delta_rule"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
+    refuse(op, "cp_context", cp_context, None, _NO_CP)
+    refuse(op, "head_first", head_first, False, _NO_HEAD_FIRST)
+    return _run(op, q, k, v, g, beta, None, g_kind=_SCALAR, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                allow_neg_eigval=allow_neg_eigval, lower_bound=None, cu_seqlens=cu_seqlens,
-                chunk_size=chunk_size, recurrent=False, backend=backend)
+                allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
+                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False,
+                backend=backend)
 
 
 def chunk_kda(
@@ -186,14 +273,23 @@ def chunk_kda(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    *,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention: per-channel decay ``S <- Diag(exp(g_t)) S``; ``g: [B, T, HV, K]``, ``beta: [B, T, HV]``.
@@ -203,14 +299,21 @@ def chunk_kda(
     ``g = lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` (``A_log`` optional).
     ``safe_gate`` only checks ``lower_bound`` in ``[-5, 0)``: the kernels are exact for any gate
     ``<= 0`` (every exponent is taken relative to a row of the same 16-token sub-block).
+
+    fla: ``disable_recompute``, ``use_graph``, ``max_num_seqs`` accepted and unused (fla's memory and
+    launch options); ``return_intermediate_states=True`` and ``cp_context`` not None refused.
     """
+    op = "chunk_kda"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
+    _refuse_chunk_extras(op, return_intermediate_states, cp_context)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
-    return _run("chunk_kda", q, k, v, g, beta, None, g_kind="channel", gate_kind=_SCALAR, scale=scale,
+    return _run(op, q, k, v, g, beta, None, g_kind=_CHANNEL, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
-                cu_seqlens=cu_seqlens, chunk_size=chunk_size, recurrent=False, backend=backend)
+                state_v_first=v_first, cu_seqlens=cu_seqlens,
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend)
 
 
 def chunk_gdn2(
@@ -226,11 +329,18 @@ def chunk_gdn2(
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
     safe_gate: bool = False,
     lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cp_context: object | None = None,
+    *,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet-2: ``S_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) S_{t-1} + k_t (w_t * v_t)^T``.
@@ -238,61 +348,86 @@ def chunk_gdn2(
     ``g: [B, T, HV, K]`` per-channel log decay (gate options as ``chunk_kda``);
     ``b: [B, T, HV, K]`` erase gate on the key axis; ``w: [B, T, HV, V]`` write gate on the value
     axis. With ``b = w = beta`` (broadcast) it is KDA.
+
+    fla: ``disable_recompute`` accepted and unused; ``return_intermediate_states=True`` and
+    ``cp_context`` not None refused. Chunk sizes 16 and 32 work too (fla: 64 only).
     """
+    op = "chunk_gdn2"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
+    _refuse_chunk_extras(op, return_intermediate_states, cp_context)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
-    return _run("chunk_gdn2", q, k, v, g, b, w, g_kind="channel", gate_kind="channel", scale=scale,
+    return _run(op, q, k, v, g, b, w, g_kind=_CHANNEL, gate_kind=_CHANNEL, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-                A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens,
-                chunk_size=chunk_size, recurrent=False, backend=backend)
+                A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
+                state_v_first=v_first, cu_seqlens=cu_seqlens,
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend)
 
 
 def fused_recurrent_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    *,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token ``chunk_delta_rule`` (decoding)."""
+    """Token-by-token ``chunk_delta_rule`` (decoding). ``beta: [B, T, HV]``, or None for ones (fla's default)."""
     return _run("fused_recurrent_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR,
                 scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=False, A_log=None,
-                dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
-                cu_seqlens=cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE, recurrent=True, backend=backend)
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, recurrent=True,
+                backend=backend)
 
 
 def fused_recurrent_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
     use_gate_in_kernel: bool = False,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token ``chunk_gated_delta_rule`` (decoding)."""
-    return _run("fused_recurrent_gated_delta_rule", q, k, v, g, beta, None, g_kind=_SCALAR, gate_kind=_SCALAR,
+    """Token-by-token ``chunk_gated_delta_rule`` (decoding), with fla's optional decays.
+
+    ``g: [B, T, HV]`` scalar log decay or None (no scalar decay; with ``use_gate_in_kernel`` it is
+    the raw gate input and required); ``gk: [B, T, HV, K]`` per-key-channel log decay or None,
+    applied after ``g`` as in fla's kernel: the total per-channel log decay is ``g[..., None] + gk``
+    (the gate activation applies to ``g`` only), computed by the KDA path. ``beta: [B, T, HV]`` or
+    None (ones). In fla's order beta is the seventh positional argument (``q, k, v, g, gk, gv, beta``):
+    pass it by keyword.
+
+    fla: ``gv`` (per-value-channel decay) not None refused; per-value-channel ``beta [B, T, HV, V]``
+    refused.
+    """
+    op = "fused_recurrent_gated_delta_rule"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
+    refuse(op, "gv", gv, None, "decays are g [B, T, HV] and gk [B, T, HV, K] (gv=None)")
+    return _run(op, q, k, v, g, beta, None, g_kind=None if g is None else _SCALAR, gate_kind=_SCALAR, gk=gk,
                 scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                allow_neg_eigval=allow_neg_eigval, lower_bound=None, cu_seqlens=cu_seqlens,
-                chunk_size=DEFAULT_CHUNK_SIZE, recurrent=True, backend=backend)
+                allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
+                cu_seqlens=cu_seqlens, recurrent=True, backend=backend)
 
 
 def fused_recurrent_kda(
@@ -301,28 +436,37 @@ def fused_recurrent_kda(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
-    safe_gate: bool = False,
     lower_bound: float | None = None,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    *,
+    safe_gate: bool = False,
+    transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token ``chunk_kda`` (decoding)."""
+    """Token-by-token ``chunk_kda`` (decoding); ``A_log, dt_bias`` come sixth and seventh, as in fla.
+
+    ``safe_gate`` is lamina's (keyword-only; the check of ``chunk_kda``).
+    """
+    op = "fused_recurrent_kda"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
-    return _run("fused_recurrent_kda", q, k, v, g, beta, None, g_kind="channel", gate_kind=_SCALAR, scale=scale,
+    return _run(op, q, k, v, g, beta, None, g_kind=_CHANNEL, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
-                cu_seqlens=cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE, recurrent=True, backend=backend)
+                state_v_first=v_first, cu_seqlens=cu_seqlens,
+                recurrent=True, backend=backend)
 
 
 def fused_recurrent_gdn2(
@@ -332,26 +476,35 @@ def fused_recurrent_gdn2(
     g: torch.Tensor,
     b: torch.Tensor,
     w: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     use_gate_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    safe_gate: bool = False,
     lower_bound: float | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    safe_gate: bool = False,
+    transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token ``chunk_gdn2`` (decoding)."""
+    """Token-by-token ``chunk_gdn2`` (decoding); ``A_log, dt_bias`` come seventh and eighth, as in fla.
+
+    ``safe_gate`` is lamina's (keyword-only; the check of ``chunk_gdn2``). Differentiable (fla's is
+    inference-only).
+    """
+    op = "fused_recurrent_gdn2"
+    v_first = state_layout(op, state_v_first, transpose_state_layout)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
-    return _run("fused_recurrent_gdn2", q, k, v, g, b, w, g_kind="channel", gate_kind="channel", scale=scale,
+    return _run(op, q, k, v, g, b, w, g_kind=_CHANNEL, gate_kind=_CHANNEL, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-                A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens,
-                chunk_size=DEFAULT_CHUNK_SIZE, recurrent=True, backend=backend)
+                A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
+                state_v_first=v_first, cu_seqlens=cu_seqlens,
+                recurrent=True, backend=backend)
 
 
 for _fn in (chunk_delta_rule, chunk_gated_delta_rule, chunk_kda, chunk_gdn2, fused_recurrent_delta_rule,

@@ -21,6 +21,8 @@ Paths (``lamina._dispatch.select_backend``):
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -52,10 +54,15 @@ def validate_inputs(
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     chunk_size: int,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    state_v_first: bool = False,
 ) -> int:
     """Check shapes, dtypes and devices at the public boundary; returns N (number of sequences).
 
     ``gates`` maps an argument name to ``(tensor, expected shape)``; a None tensor is skipped.
+    ``cu_seqlens_cpu`` (fla's host copy of ``cu_seqlens``): when given, the offsets are checked on it,
+    so validation does not read ``cu_seqlens`` back from the device. ``state_v_first``: the
+    initial state is expected as ``[N, HV, V, K]`` instead of ``[N, HV, K, V]``.
     """
     check_tensor("q", q, ndim=4)
     check_tensor("k", k, ndim=4)
@@ -81,19 +88,60 @@ def validate_inputs(
             check_shape(name, x, shape)
     check_same_device(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                       **{n: x for n, (x, _) in gates.items()})
-    N = check_cu_seqlens(cu_seqlens, B, T)
+    if cu_seqlens_cpu is None:
+        N = check_cu_seqlens(cu_seqlens, B, T)
+    else:
+        N = check_cu_seqlens(_host_offsets(cu_seqlens, cu_seqlens_cpu), B, T, name="cu_seqlens_cpu")
     if initial_state is not None:
         allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         check_tensor("initial_state", initial_state, ndim=4, dtypes=allowed)
-        check_shape("initial_state", initial_state, (N, HV, K, V), "[N, HV, K, V]")
+        if state_v_first:
+            check_shape("initial_state", initial_state, (N, HV, V, K), "[N, HV, V, K] with state_v_first=True")
+        else:
+            check_shape("initial_state", initial_state, (N, HV, K, V), "[N, HV, K, V]")
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
     return N
 
 
+def _host_offsets(cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: object) -> torch.Tensor:
+    """``cu_seqlens_cpu`` checked against ``cu_seqlens`` without a device read: a CPU tensor of the same length."""
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens_cpu is given without cu_seqlens; pass both (cu_seqlens_cpu is its host copy)")
+    check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64))
+    check_tensor("cu_seqlens_cpu", cu_seqlens_cpu, ndim=1, dtypes=(torch.int32, torch.int64))
+    if cu_seqlens_cpu.device.type != "cpu":
+        raise ValueError(f"cu_seqlens_cpu must be a CPU tensor (the host copy of cu_seqlens), "
+                         f"got a tensor on {cu_seqlens_cpu.device}")
+    if cu_seqlens_cpu.numel() != cu_seqlens.numel():
+        raise ValueError(f"cu_seqlens_cpu must have the length of cu_seqlens ({cu_seqlens.numel()}), "
+                         f"got {cu_seqlens_cpu.numel()}")
+    return cu_seqlens_cpu
+
+
 def check_flag_args(op: str, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError(f"{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+
+
+# --- fla 0.6 keywords lamina does not implement, and the state layout ------------------------------
+
+def refuse(op: str, name: str, value: object, default: object, supported: str) -> None:
+    """Accept an fla parameter at its default; any other value raises NotImplementedError naming it."""
+    if value is default or (isinstance(default, bool) and isinstance(value, int) and bool(value) == default):
+        return
+    raise NotImplementedError(f"{op}: {name}={value!r} is not supported by lamina; {supported}")
+
+
+def state_layout(op: str, state_v_first: bool, transpose_state_layout: bool | None) -> bool:
+    """fla's ``state_v_first``, with ``transpose_state_layout`` as its deprecated alias (fla's rules)."""
+    if transpose_state_layout is None:
+        return bool(state_v_first)
+    if state_v_first:
+        raise ValueError(f"{op}: pass state_v_first or the deprecated transpose_state_layout, not both")
+    warnings.warn("transpose_state_layout is deprecated and renamed to state_v_first", DeprecationWarning,
+                  stacklevel=3)
+    return bool(transpose_state_layout)
 
 
 # --- input transforms (PyTorch ops, so autograd differentiates them on every backend) ------------
@@ -297,5 +345,5 @@ def delta_rule_core(
 
 __all__ = [
     "CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "FLOAT_DTYPES", "beta_activation", "check_flag_args", "check_gate_params",
-    "delta_rule_core", "gate_activation", "l2norm", "validate_inputs",
+    "delta_rule_core", "gate_activation", "l2norm", "refuse", "state_layout", "validate_inputs",
 ]
