@@ -137,7 +137,8 @@ def _run(
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     if gate_kind == _SCALAR:
-        b = q.new_ones(lead) if b is None else beta_activation(b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        # beta None is ones, then the in-kernel options apply to it, as in fla
+        b = beta_activation(q.new_ones(lead) if b is None else b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
         w = b
     if scale is None:
         scale = K ** -0.5
