@@ -22,6 +22,8 @@ KERNEL_MODULES = (
     "lamina.kernels.prism_attn_fwd",
     "lamina.kernels.prism_attn_bwd",
     "lamina.kernels.hrm_update",
+    "lamina.kernels.short_conv",
+    "lamina.kernels.rms_norm_gated",
 )
 
 __all__ = ["INTERPRET", "KERNEL_MODULES"]
