@@ -154,8 +154,10 @@ def _run(op, x, g, weight, bias, gate, residual, eps, prenorm, residual_in_fp32,
     path = select_backend(op, backend, (x, g, weight, bias, residual))
     if path == "triton" and any(t is not None and t.dtype not in KERNEL_DTYPES for t in (x, g, residual)):
         if backend == "triton":
-            raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 x, g and residual, got "
-                             f"{x.dtype}; use backend='torch' (or 'auto') for float64")
+            got = ", ".join(f"{n} {str(t.dtype).replace('torch.', '')}"
+                            for n, t in (("x", x), ("g", g), ("residual", residual)) if t is not None)
+            raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 x, g and residual, got {got}; "
+                             "use backend='torch' (or 'auto') for float64")
         path = "torch"  # float64 keeps its precision on the PyTorch path
     D = x.shape[-1]
     # the stream carried to the next block: fused into the kernel when there is a residual to add
@@ -166,9 +168,8 @@ def _run(op, x, g, weight, bias, gate, residual, eps, prenorm, residual_in_fp32,
     if path == "torch":
         y, res_out = _torch_norm(x2, r2, g2, weight, bias, float(eps), gate, res_dtype)
     else:
-        y, _, res_out = _fwd_op(x2.contiguous(), None if r2 is None else r2.contiguous(),
-                                None if g2 is None else g2.contiguous(), weight, bias, float(eps), gate,
-                                res_dtype)
+        x2, r2, g2, weight, bias = (None if t is None else t.contiguous() for t in (x2, r2, g2, weight, bias))
+        y, _, res_out = _fwd_op(x2, r2, g2, weight, bias, float(eps), gate, res_dtype)
     y = y.view(x.shape)
     if not prenorm:
         return y
