@@ -70,6 +70,11 @@ setup(
             "pytest-benchmark",
             "numpy<2.4",  # the Triton interpreter fails on runtime-bound loops with numpy 2.4
             "fla-core==0.6.0",
+            # fla's layers and models (tests/test_fla_*.py compare lamina's layers with them); transformers
+            # pinned: from some 5.x release on, generate() passes the cache as `cache=`, which fla 0.6's models
+            # ignore (decoding without state), while 5.17 passes `past_key_values=` as fla expects
+            "flash-linear-attention==0.6.0",
+            "transformers==5.17.0",
             "ruff",
             "matplotlib",  # tests/test_bench_cli.py renders `lamina bench plot` PNGs
             # the device check's dry run (tests/test_bench_device_check.py) and the CPU extension build

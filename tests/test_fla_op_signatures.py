@@ -238,7 +238,8 @@ def test_beta_none_is_ones(name):
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
     if name == "fused_recurrent_gated_delta_rule":  # fla applies the in-kernel sigmoid to those ones too
         o3, _ = _call(name, **x, use_beta_sigmoid_in_kernel=True)
-        o4, _ = _call(name, **x, beta=torch.full_like(ones, torch.sigmoid(torch.tensor(1.0, dtype=torch.float64)).item()))
+        sigmoid_1 = torch.sigmoid(torch.tensor(1.0, dtype=torch.float64)).item()
+        o4, _ = _call(name, **x, beta=torch.full_like(ones, sigmoid_1))
         assert_close("o", o3, o4)
 
 

@@ -27,6 +27,13 @@ _EXPORTS: dict[str, str] = {
     "PrismSchedule": "lamina.schedule",
     # HRM
     "hrm_gated_update": "lamina.ops.hrm_update",
+    # fla building blocks
+    "causal_conv1d": "lamina.ops.short_conv",
+    "causal_conv1d_update": "lamina.ops.short_conv",
+    "rms_norm": "lamina.ops.rms_norm_gated",
+    "rms_norm_gated": "lamina.ops.rms_norm_gated",
+    # run fla's layers and models on lamina
+    "patch_fla": "lamina.fla_patch",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

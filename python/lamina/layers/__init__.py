@@ -10,6 +10,15 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "DeltaRuleAttention": "lamina.layers.delta_rule",
+    # fla 0.6's layers, cache and building blocks, with fla's names, arguments and parameters
+    "DeltaNet": "lamina.layers.deltanet",
+    "GatedDeltaNet": "lamina.layers.gated_deltanet",
+    "KimiDeltaAttention": "lamina.layers.kda",
+    "GatedDeltaNet2": "lamina.layers.gdn2",
+    "Cache": "lamina.layers.cache",
+    "ShortConvolution": "lamina.layers.short_conv",
+    "RMSNorm": "lamina.layers.norm",
+    "FusedRMSNormGated": "lamina.layers.norm",
     "PrismAttention": "lamina.layers.prism",
     "PrismBlock": "lamina.layers.prism",
     "PrismDecoder": "lamina.layers.prism",

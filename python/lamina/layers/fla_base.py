@@ -1,0 +1,207 @@
+"""What the four fla-compatible delta-rule layers share: input checks, padding, cache, short convs.
+
+Each layer (``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``, ``GatedDeltaNet2``) builds its
+parameters exactly as fla 0.6's class of the same name (names, shapes, dtypes and, for a given
+seed, the same initial values), and implements two steps: ``_mix`` (gates and the recurrence) and
+``_output`` (output norm, gate and projection). ``FlaDeltaLayer.forward`` does the rest with fla's
+call signature and semantics:
+
+1. ``hidden_states [B, T, hidden_size]``; a ``[B, T]`` 0/1 ``attention_mask`` unpads to packed
+   sequences (``cu_seqlens``) and the output is padded back (zeros at padding); an explicit
+   ``cu_seqlens`` (``B == 1``) takes precedence over the mask, as in fla.
+2. q, k, v projections, through the short convolutions (with their cached windows) or SiLU.
+3. the recurrence: the chunked op for training and long inputs, the token-by-token op for short
+   inputs at inference (``FUSED_RECURRENT_MAX_T``), with the cached state.
+4. the cache entry ``past_key_values[layer_idx]`` updated with the new states.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from lamina.layers.padding import check_attention_mask, repad, unpad
+from lamina.layers.short_conv import ShortConvolution
+
+# Inputs this short run through the token-by-token kernel at inference (fla's switch point).
+FUSED_RECURRENT_MAX_T = 64
+MODES = ("chunk", "fused_recurrent")
+
+
+def init_A_log(n: int, low: float, high: float) -> torch.Tensor:
+    """``log U(low, high)``, drawn as fla draws it (same random stream for the same seed)."""
+    return torch.log(torch.empty(n, dtype=torch.float32).uniform_(low, high))
+
+
+def init_dt_bias(n: int) -> torch.Tensor:
+    """Inverse softplus of ``dt ~ logU(1e-3, 1e-1)`` floored at 1e-4 (Mamba's and fla's initialisation)."""
+    dt_min, dt_max, dt_floor = 0.001, 0.1, 1e-4
+    dt = torch.exp(torch.rand(n, dtype=torch.float32) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = dt.clamp(min=dt_floor)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+def no_weight_decay(p: nn.Parameter) -> nn.Parameter:
+    p._no_weight_decay = True  # read by fla's and many trainers' parameter grouping
+    return p
+
+
+class FlaDeltaLayer(nn.Module):
+    """Base of the fla-compatible layers (module docstring). Subclasses set the attributes below."""
+
+    # recurrent_state layout in the cache: fla's GatedDeltaNet and KDA keep it [N, HV, V, K]
+    state_v_first = False
+    hidden_size: int
+    key_dim: int
+    value_dim: int
+    head_k_dim: int
+    head_v_dim: int
+    num_heads: int
+    num_v_heads: int
+    use_short_conv: bool
+    layer_idx: int | None
+    mode: str
+
+    def _check_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    def _make_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None = "silu") -> None:
+        self.q_conv1d = ShortConvolution(hidden_size=self.key_dim, kernel_size=conv_size, bias=conv_bias,
+                                         activation=qk_activation)
+        self.k_conv1d = ShortConvolution(hidden_size=self.key_dim, kernel_size=conv_size, bias=conv_bias,
+                                         activation=qk_activation)
+        self.v_conv1d = ShortConvolution(hidden_size=self.value_dim, kernel_size=conv_size, bias=conv_bias,
+                                         activation="silu")
+
+    def _choose_mode(self, q_len: int) -> str:
+        """fla's rule for GatedDeltaNet, KDA and GDN-2 (DeltaNet overrides it)."""
+        if torch.is_grad_enabled():
+            return "chunk"
+        mode = "fused_recurrent" if q_len <= FUSED_RECURRENT_MAX_T and not self.training else self.mode
+        if self.training and mode != "chunk":
+            raise ValueError(f"{type(self).__name__}: training runs in mode 'chunk' only, got mode {self.mode!r}")
+        return mode
+
+    def _expected_state_shape(self) -> tuple[int, int, int]:
+        K, V = self.head_k_dim, self.head_v_dim
+        return (self.num_v_heads, V, K) if self.state_v_first else (self.num_v_heads, K, V)
+
+    def _layer_cache(self, past_key_values: Any) -> dict[str, Any] | None:
+        """This layer's entry of ``past_key_values`` (None before its first update), checked."""
+        if past_key_values is None:
+            return None
+        name = type(self).__name__
+        if self.layer_idx is None:
+            raise ValueError(f"{name} needs layer_idx (its slot in past_key_values) when past_key_values is given")
+        if len(past_key_values) <= self.layer_idx:
+            return None
+        entry = past_key_values[self.layer_idx]
+        if not isinstance(entry, dict):
+            raise ValueError(f"past_key_values[{self.layer_idx}] must be a dict of states, got {type(entry).__name__}")
+        where = f"past_key_values[{self.layer_idx}]"
+        state = entry.get("recurrent_state")
+        if state is None and entry.get("attn_state") is not None:
+            raise ValueError(f"{where} holds an attention layer's key/value cache, not the state of {name} "
+                             f"(layer_idx {self.layer_idx}); was the cache filled by another model?")
+        expected = self._expected_state_shape()
+        if state is not None and (not isinstance(state, torch.Tensor) or state.dim() != 4
+                                  or tuple(state.shape[1:]) != expected):
+            got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+            layout = "[N, HV, V, K]" if self.state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"{where}['recurrent_state'] must have shape [N, {', '.join(map(str, expected))}] "
+                             f"({layout} of {name}), got {got}; the cache comes from another layer type or shape")
+        conv = entry.get("conv_state")
+        if self.use_short_conv and conv is not None:
+            widths = (self.key_dim, self.key_dim, self.value_dim)
+            ok = isinstance(conv, (tuple, list)) and len(conv) == 3 and all(
+                c is None or (isinstance(c, torch.Tensor) and c.dim() == 3 and c.shape[1] == d
+                              and c.shape[2] == self.q_conv1d.kernel_size[0]) for c, d in zip(conv, widths))
+            if not ok:
+                raise ValueError(f"{where}['conv_state'] must be 3 short-convolution windows [N, D, W] with D = "
+                                 f"{widths} and W = {self.q_conv1d.kernel_size[0]} for {name}; the cache comes from "
+                                 "another layer type or shape")
+        return entry
+
+    def _qkv(self, x: torch.Tensor, entry: dict[str, Any] | None, use_cache: bool,
+             cu_seqlens: torch.Tensor | None):
+        """q, k [.., H, K] and v [.., HV, V] after the short convolutions (or SiLU), and their windows.
+
+        Without short convolutions q and k get SiLU unless the layer sets another ``qk_activation``
+        (DeltaNet applies it after this step); v always gets SiLU.
+        """
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        conv_state = None
+        if self.use_short_conv:
+            cached = (entry or {}).get("conv_state") or (None, None, None)
+            outs = [conv(x=t, cache=c, output_final_state=use_cache, cu_seqlens=cu_seqlens)
+                    for conv, t, c in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), cached)]
+            (q, cq), (k, ck), (v, cv) = outs
+            conv_state = (cq, ck, cv)
+        else:
+            if getattr(self, "qk_activation", "silu") == "silu":
+                q, k = F.silu(q), F.silu(k)
+            v = F.silu(v)
+        q, k = (rearrange(t, "... (h d) -> ... h d", d=self.head_k_dim) for t in (q, k))
+        v = rearrange(v, "... (h d) -> ... h d", d=self.head_v_dim)
+        return q, k, v, conv_state
+
+    def _mix(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             state: torch.Tensor | None, mode: str, use_cache: bool, cu_seqlens: torch.Tensor | None):
+        raise NotImplementedError
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any | None = None,
+        use_cache: bool | None = False,
+        output_attentions: bool | None = False,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None, Any]:
+        """fla's layer call: ``(o [B, T, hidden_size], None, past_key_values)``.
+
+        Args:
+            hidden_states: ``[B, T, hidden_size]``.
+            attention_mask: optional ``[B, T_mask]`` 0/1 padding mask (1 = token), ``T_mask >= T``;
+                its last T columns apply (decoding with a cache passes the whole history's mask).
+            past_key_values: a :class:`lamina.layers.Cache` or fla's cache; read and updated at
+                ``layer_idx``.
+            use_cache: return the new states through ``past_key_values``.
+            output_attentions: accepted for fla's block signature; no attention map exists (None).
+            cu_seqlens: ``[N + 1]`` offsets of sequences packed along T (``B == 1``).
+            **kwargs: other arguments model stacks pass to every layer (e.g. ``position_ids``),
+                unused here as in fla.
+        """
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+            got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
+            raise ValueError(f"hidden_states must be [batch, seq_len, hidden_size], got {got}")
+        batch_size, q_len, width = hidden_states.shape
+        if width != self.hidden_size:
+            raise ValueError(f"hidden_states must have hidden size {self.hidden_size} (last dim), got {width}")
+        mode = self._choose_mode(q_len)
+        entry = self._layer_cache(past_key_values)
+        x, where = hidden_states, None
+        if cu_seqlens is None and attention_mask is not None:
+            x, where = unpad(hidden_states, check_attention_mask(attention_mask, batch_size, q_len))
+            cu_seqlens = where.cu_seqlens
+        q, k, v, conv_state = self._qkv(x, entry, bool(use_cache), cu_seqlens)
+        state = entry.get("recurrent_state") if entry is not None else None
+        o, state = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens)
+        if past_key_values is not None:
+            past_key_values.update(recurrent_state=state, conv_state=conv_state if self.use_short_conv else None,
+                                   layer_idx=self.layer_idx, offset=q_len)
+        o = self._output(o, x)
+        if where is not None:
+            o = repad(o, where)
+        return o, None, past_key_values

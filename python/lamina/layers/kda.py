@@ -1,0 +1,104 @@
+"""``KimiDeltaAttention``: fla 0.6's layer of the same name (arguments, parameters, cache), on lamina's ops.
+
+Kimi Delta Attention: Gated DeltaNet with a per-key-channel decay,
+``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``, where
+``g_t = -exp(A_log) * softplus(f_proj(x_t) + dt_bias)`` comes from a low-rank two-layer projection
+(or, with ``lower_bound``, ``lower_bound * sigmoid(exp(A_log) * (f_proj(x_t) + dt_bias))``), and the
+output RMSNorm is gated by ``sigmoid(g_proj(x))`` (low rank, with bias). The cached state is
+``[N, HV, V, K]`` (``state_v_first``), as fla keeps it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import nn
+
+import lamina.ops.delta_rule as ops
+from lamina.layers.fla_base import FlaDeltaLayer, init_A_log, init_dt_bias, no_weight_decay
+from lamina.layers.norm import FusedRMSNormGated
+
+
+class KimiDeltaAttention(FlaDeltaLayer):
+    """KDA token mixer; drop-in for ``fla.layers.KimiDeltaAttention`` (strict state_dict loading).
+
+    Args:
+        hidden_size: model width. expand_v: value head dim = ``head_dim * expand_v``.
+        head_dim: key head dim K. num_heads: q/k heads H. num_v_heads: value heads HV (multiple of H).
+        mode: "chunk" or "fused_recurrent" (see ``GatedDeltaNet``).
+        use_short_conv, conv_size, conv_bias: causal depthwise convolutions + SiLU on q, k, v.
+        allow_neg_eigval: beta in (0, 2).
+        safe_gate: ``A_log`` starts at 0 and the gate uses ``lower_bound`` (which must then be in [-5, 0)).
+        lower_bound: the bounded gate ``lower_bound * sigmoid(...)`` instead of ``-exp(A_log) * softplus(...)``.
+        layer_idx: slot in ``past_key_values``. norm_eps: output RMSNorm epsilon.
+    """
+
+    state_v_first = True
+
+    def __init__(
+        self,
+        hidden_size: int = 2048,
+        expand_v: float = 1,
+        head_dim: int = 128,
+        num_heads: int = 16,
+        num_v_heads: int | None = None,
+        mode: str = "chunk",
+        use_short_conv: bool = True,
+        allow_neg_eigval: bool = False,
+        safe_gate: bool = False,
+        lower_bound: float | None = None,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        layer_idx: int | None = None,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self._check_mode(mode)
+        self.mode, self.allow_neg_eigval = mode, allow_neg_eigval
+        self.safe_gate, self.lower_bound = safe_gate, lower_bound
+        self.hidden_size, self.expand_v = hidden_size, expand_v
+        self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
+        self.head_dim, self.num_heads = head_dim, num_heads
+        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
+        self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
+        self.key_dim = num_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.layer_idx = layer_idx
+        if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
+            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
+        if self.num_v_heads % num_heads != 0:
+            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_heads ({num_heads})")
+
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        if use_short_conv:
+            self._make_convs(conv_size, conv_bias)
+        self.gate_dim = self.num_v_heads * self.head_k_dim
+        self.f_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
+                                    nn.Linear(self.head_v_dim, self.gate_dim, bias=False))
+        self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
+        A_log = torch.zeros(self.num_v_heads, dtype=torch.float32) if safe_gate \
+            else init_A_log(self.num_v_heads, 1.0, 16.0)
+        self.A_log = no_weight_decay(nn.Parameter(A_log))
+        self.dt_bias = no_weight_decay(nn.Parameter(init_dt_bias(self.gate_dim)))
+        self.g_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
+                                    nn.Linear(self.head_v_dim, self.value_dim, bias=True))
+        self.o_norm = FusedRMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
+        g = rearrange(self.f_proj(x), "... (h d) -> ... h d", d=self.head_k_dim)
+        common = dict(initial_state=state, output_final_state=use_cache, use_qk_l2norm_in_kernel=True,
+                      use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval,
+                      lower_bound=self.lower_bound, state_v_first=True, cu_seqlens=cu_seqlens,
+                      A_log=self.A_log, dt_bias=self.dt_bias)
+        if mode == "chunk":
+            return ops.chunk_kda(q, k, v, g, self.b_proj(x), safe_gate=self.safe_gate, **common)
+        return ops.fused_recurrent_kda(q, k, v, g, self.b_proj(x), **common)
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        o = self.o_norm(o, rearrange(self.g_proj(x), "... (h d) -> ... h d", d=self.head_v_dim))
+        return self.o_proj(rearrange(o, "b t h d -> b t (h d)"))
