@@ -54,7 +54,7 @@ def test_quick_prints_a_comparison_table_with_ratios(tmp_path, capsys):
     assert all(r["status"] == "ok" or r["reason"] for r in results)
 
 
-@pytest.mark.parametrize("op", list(specs.OPS))
+@pytest.mark.parametrize("op", [op for op in specs.OPS if op not in specs.LAYER_OPS])
 def test_each_op_runs_on_cpu(op, capsys):
     rc = main(["--op", op, "--device", "cpu", "--shapes", "tiny", "--mode", "fwd", "--no-ceilings", "--no-save",
                "--exclude", "torch-compile", *FAST])
@@ -77,6 +77,24 @@ def test_each_mode_of_an_op(tmp_path, capsys):
     assert by_mode["fwd+bwd"]["flops"] == pytest.approx(by_mode["fwd"]["flops"] + by_mode["bwd"]["flops"])
 
 
+def test_layers_group_runs_every_layer_on_cpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # lamina's PyTorch path, as on a user's CPU
+    out = tmp_path / "layers.jsonl"
+    rc = main(["--op", "layers", "--device", "cpu", "--shapes", "tiny", "--no-ceilings", "--out", str(out), *FAST])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    recs = [r for r in read_results([out]) if r["kind"] == "result"]
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert {(r["op"], r["mode"]) for r in ok} == {(op, m) for op in specs.LAYER_OPS for m in ("fwd", "fwd+bwd")}
+    assert {r["provider"] for r in ok} == {"lamina-torch"}
+    for r in ok:
+        assert r["flops"] == specs.get_op(r["op"]).flops(r["params"], r["mode"]) and r["ms"] > 0
+    fla = [r for r in recs if r["provider"] == "fla"]
+    assert len(fla) == 8 and all(r["status"] == "skipped" and "need a GPU" in r["reason"] for r in fla)
+    assert {r["provider"] for r in recs} == {"lamina-torch", "lamina-triton", "fla"}  # no kernel baselines
+    assert {r[0] for r in _ok_rows(text)} == set(specs.LAYER_OPS)
+
+
 def test_providers_subcommand_lists_skips_with_reasons(capsys):
     assert main(["providers", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
@@ -90,7 +108,8 @@ def test_bad_arguments_exit_2_with_a_sentence(capsys):
     err = capsys.readouterr().err
     assert "unknown provider 'flash'" in err and "flash-attn" in err
     assert main(["--op", "attention"]) == 2
-    assert "unknown op 'attention'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown op 'attention'" in err and "layers" in err
     if not torch.cuda.is_available():
         assert main(["--device", "cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err

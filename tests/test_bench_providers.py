@@ -43,6 +43,57 @@ def test_cpu_skips_come_with_reasons():
     assert all(why is None or len(why) > 10 for why in reasons.values())
 
 
+def test_layer_ops_on_cpu_run_lamina_only_and_say_why_not_the_others(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    reasons = {(name, op): why for name, op, why in availability("cpu", list(specs.LAYER_OPS))}
+    for op in specs.LAYER_OPS:
+        assert reasons[("lamina-torch", op)] is None
+        assert "cuda" in reasons[("fla", op)] and "need a GPU" in reasons[("fla", op)]
+        assert "cuda" in reasons[("lamina-triton", op)]
+        assert "kernel-op baseline" in reasons[("reference", op)]
+    # the layer takes no backend: on CUDA it runs the Triton kernels (lamina-triton), on the CPU the
+    # PyTorch path unless the interpreter is on
+    assert "lamina-triton" in get_provider("lamina-torch").skip_reason("layer_kda", "cuda")
+    assert get_provider("lamina-triton").skip_reason("layer_kda", "cuda") is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "TRITON_INTERPRET=1" in get_provider("lamina-torch").skip_reason("layer_kda", "cpu")
+    tasks = plan(SuiteConfig(device="cuda", ops=list(specs.LAYER_OPS), providers=list(PROVIDERS),
+                             shape_set="standard"))
+    assert {t.provider for t in tasks} == {"lamina-triton", "lamina-torch", "fla"}
+    assert len(tasks) == 4 * 2 * 2 * 3  # ops x modes (fwd, fwd+bwd) x shapes x providers
+
+
+def test_layer_sides_load_the_same_weights_from_fla(monkeypatch):
+    pytest.importorskip("fla.layers", reason="flash-linear-attention is not installed")
+    import torch
+
+    from lamina.bench import layers
+
+    calls = []
+    real = layers._construct
+    monkeypatch.setattr(layers, "_construct", lambda side, op, p: calls.append(side) or real(side, op, p))
+    p = specs.shapes_for("layer_kda", "tiny")[0]
+    layers.clear()
+    # as on CUDA: fla's layer provides the weights (its layer builds on the CPU; only its kernels need a GPU)
+    ours = layers.build_layer("lamina", "layer_kda", p, "cpu", torch.float64, weights_from_fla=True)
+    assert calls == ["lamina", "fla"]  # lamina's layer, then fla's for the weights
+    theirs = layers.build_layer("fla", "layer_kda", p, "cpu", torch.float64, weights_from_fla=True)
+    assert type(ours).__module__.startswith("lamina.") and type(theirs).__module__.startswith("fla.")
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) and a[k].dtype == torch.float64 for k in a)
+    assert layers.build_layer("lamina", "layer_kda", p, "cpu", torch.float64, True) is ours  # kept for the next mode
+    # on the CPU by default, and without fla's layers: lamina's own under the same seed (the same values)
+    for missing in (False, True):
+        if missing:
+            monkeypatch.setitem(sys.modules, "fla.layers", None)
+        layers.clear()
+        calls.clear()
+        again = layers.build_layer("lamina", "layer_kda", p, "cpu", torch.float64, weights_from_fla=missing)
+        assert calls == (["lamina", "fla", "lamina"] if missing else ["lamina", "lamina"])
+        assert all(torch.equal(again.state_dict()[k], a[k]) for k in a)
+    layers.clear()
+
+
 def test_an_op_module_that_fails_to_import_is_a_skip_with_its_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "lamina.ops.hrm_update", None)
     why = get_provider("lamina-torch").skip_reason("hrm_update", "cpu")

@@ -134,3 +134,84 @@ def test_every_op_has_every_shape_set_and_positive_counts(op):
         for p in shapes:
             for mode in spec.modes:
                 assert spec.flops(p, mode) > 0 and spec.bytes(p, mode) > 0
+
+
+# ---- the layer ops ---------------------------------------------------------------------------
+
+
+def test_layer_flops_and_bytes_by_hand():
+    # GatedDeltaNet, hidden 64, head_dim 16, 2 heads, expand_v 2 (key width 32, value width 64), B=1, T=32, fp32.
+    p = specs.layer_shape(1, 32, "fp32", hidden_size=64, head_dim=16, num_heads=2, expand_v=2)
+    # Linears (in x out): q, k 64x32; v 64x64; a, b 64x2; g 64x64; o 64x64 -> 16640 MACs per token.
+    linear = 2 * (2 * 64 * 32 + 64 * 64 + 2 * 64 * 2 + 64 * 64 + 64 * 64)
+    conv = 2 * (32 + 32 + 64) * 4  # depthwise, 4 taps
+    # recurrence per token and value head (K=16, V=32, C=64): 6KV + 6CK + 4CV + C^2/3; 2 value heads.
+    recurrence = 2 * (6 * 16 * 32 + 6 * 64 * 16 + 4 * 64 * 32 + 64 * 64 / 3)
+    fwd = 32 * (linear + conv + recurrence)
+    spec = get_op("layer_gated_deltanet")
+    assert spec.modes == ("fwd", "fwd+bwd")
+    assert spec.flops(p, "fwd") == pytest.approx(fwd)
+    assert spec.flops(p, "fwd+bwd") == pytest.approx(3 * fwd)
+    # the recurrence term is the delta-rule op's own formula
+    rec = specs.delta_shape(1, 32, 2, 16, "fp32", V=32)
+    assert spec.flops(p, "fwd") == pytest.approx(32 * (linear + conv) + get_op("gated_delta_rule").flops(rec, "fwd"))
+    # weights: 16640 (linears) + 128 * 4 (convs) + A_log 2 + dt_bias 2 + norm weight 32 = 17188
+    assert specs.layer_dims("layer_gated_deltanet", p["layer"]).params == 17188
+    x = 32 * 64
+    assert spec.bytes(p, "fwd") == 4 * (x + 17188 + x)  # x and the weights in, o out
+    # backward: x, weights and dO in; dx and the weight gradients out
+    assert spec.bytes(p, "fwd+bwd") == 4 * (x + 17188 + x) + 4 * (3 * x + 2 * 17188)
+
+
+# Non-default options too: grouped value heads, no short convolutions, gates off, expand_k.
+LAYER_OPTIONS = {
+    "layer_deltanet": [dict(hidden_size=64, num_heads=2, use_gate=True, expand_v=2.0, conv_bias=True),
+                       dict(d_model=64, num_heads=4, use_short_conv=False, use_beta=False, expand_k=0.5)],
+    "layer_gated_deltanet": [dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1,
+                                  use_gate=False, conv_bias=True)],
+    "layer_kda": [dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4, expand_v=2, conv_bias=True)],
+    "layer_gdn2": [dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4),
+                   dict(hidden_size=64, head_dim=32, num_heads=2, expand_v=0.5, use_short_conv=False, conv_size=2)],
+}
+
+
+@pytest.mark.parametrize("op", specs.LAYER_OPS)
+def test_layer_dims_are_those_of_the_modules(op):
+    import torch
+
+    import lamina.layers
+    from lamina.layers.short_conv import ShortConvolution
+
+    cases = [p["layer"] for s in ("tiny", "small", "standard") for p in shapes_for(op, s)] + LAYER_OPTIONS[op]
+    for kwargs in cases:
+        layer = getattr(lamina.layers, specs.LAYER_CLASSES[op])(**kwargs)
+        d = specs.layer_dims(op, kwargs)
+        linears = [(m.in_features, m.out_features, m.bias is not None) for m in layer.modules()
+                   if isinstance(m, torch.nn.Linear)]
+        assert sorted(linears) == sorted(d.linears), kwargs
+        convs = [m for m in layer.modules() if isinstance(m, ShortConvolution)]
+        assert [m.weight.shape[0] for m in convs] == list(d.convs), kwargs
+        assert all(m.kernel_size[0] == d.conv_size for m in convs)
+        assert sum(p.numel() for p in layer.parameters()) == d.params, kwargs
+        heads = layer.num_v_heads if op == "layer_gdn2" else layer.num_heads  # GDN-2 repeats q, k to HV heads
+        assert (d.H, d.HV, d.K, d.V) == (heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), kwargs
+
+
+def test_layer_standard_shapes_are_fla_widths():
+    for op in specs.LAYER_OPS:
+        shapes = shapes_for(op, "standard")
+        assert [(p["B"], p["T"], p["dtype"]) for p in shapes] == [(2, 2048, "bf16"), (8, 2048, "bf16")]
+        assert all(p["layer"]["hidden_size"] == 2048 for p in shapes)
+        for s in ("small", "quick", "tiny"):
+            assert all(64 <= p["layer"]["hidden_size"] <= 256 and 32 <= p["T"] <= 256 for p in shapes_for(op, s))
+    labels = {op: shape_label(op, shapes_for(op, "standard")[0]) for op in specs.LAYER_OPS}
+    assert labels == {"layer_deltanet": "2x2048 d2048 h16x128 bf16",
+                      "layer_gated_deltanet": "2x2048 d2048 h6x256/512 bf16",  # fla's defaults
+                      "layer_kda": "2x2048 d2048 h16x128 bf16", "layer_gdn2": "2x2048 d2048 h16x128 bf16"}
+
+
+def test_op_groups_expand_in_order_without_repeats():
+    assert specs.expand_ops(["layers"]) == list(specs.LAYER_OPS)
+    assert specs.expand_ops(["kda", "layer_kda", "layers"]) == ["kda", "layer_kda", "layer_deltanet",
+                                                                "layer_gated_deltanet", "layer_gdn2"]
+    assert not set(specs.LAYER_OPS) & set(specs.RUN_ORDER)  # the default run is the kernel ops

@@ -2,6 +2,7 @@
 
     lamina bench --quick                      # a few ops on this machine, comparison table (< 2 min on CPU)
     lamina bench --op kda --device cpu        # one op, every provider, CPU shapes, all modes
+    lamina bench --op layers                  # lamina.layers vs fla.layers (DeltaNet, GatedDeltaNet, KDA, GDN-2)
     lamina bench --device cuda --time-budget 300
     lamina bench providers [--device cpu]     # which providers can run here, and why not
     lamina bench ceilings [--device cuda]     # copy bandwidth and matmul rate
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from lamina.bench.providers import PROVIDERS
-from lamina.bench.specs import MODES, OPS, QUICK_CUDA_SHAPES, QUICK_OPS, RUN_ORDER, SHAPE_SETS
+from lamina.bench.specs import MODES, OP_GROUPS, OPS, QUICK_CUDA_SHAPES, QUICK_OPS, RUN_ORDER, SHAPE_SETS, expand_ops
 from lamina.bench.timing import TimingConfig
 
 SUBCOMMANDS = ("providers", "ceilings", "summary", "plot")
@@ -56,7 +57,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lamina bench", description="lamina benchmark suite",
                                 epilog="subcommands: " + ", ".join(SUBCOMMANDS) + " (lamina bench SUB --help)")
     p.add_argument("--quick", action="store_true", help="a few ops on this device with the comparison table")
-    p.add_argument("--op", action="append", help=f"op(s), comma-separated: {', '.join(OPS)}")
+    p.add_argument("--op", action="append", help=f"op(s), comma-separated: {', '.join(OPS)}; groups: "
+                   + ", ".join(f"{g} ({', '.join(ops)})" for g, ops in OP_GROUPS.items())
+                   + " (default: every kernel op; the layer ops run when named)")
     p.add_argument("--provider", action="append", help=f"provider(s) by exact name: {', '.join(PROVIDERS)}")
     p.add_argument("--exclude", action="append", help="provider(s) to leave out")
     p.add_argument("--mode", action="append", help=f"mode(s): {', '.join(MODES)}")
@@ -88,7 +91,8 @@ def _run(argv: list[str]) -> int:
         # cores with the timed calls that follow: compile in-process on CPU runs.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     ops, providers, exclude, modes = _csv(args.op), _csv(args.provider), _csv(args.exclude), _csv(args.mode)
-    _check_names("op", ops, tuple(OPS))
+    _check_names("op", ops, (*OPS, *OP_GROUPS))
+    ops = expand_ops(ops)
     _check_names("provider", providers + exclude, tuple(PROVIDERS))
     _check_names("mode", modes, MODES)
     timing = QUICK_TIMING if args.quick else TimingConfig()
@@ -147,13 +151,14 @@ def _warn_if_oversubscribed(device: str) -> None:
 def _providers(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="lamina bench providers", description="which providers run here, and why not")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--op", action="append", help="op(s), comma-separated")
+    p.add_argument("--op", action="append", help="op(s) or group(s), comma-separated")
     args = p.parse_args(argv)
     from lamina.bench.providers import availability
 
     device = _resolve_device(args.device)
-    ops = _csv(args.op) or list(OPS)
-    _check_names("op", ops, tuple(OPS))
+    ops = _csv(args.op)
+    _check_names("op", ops, (*OPS, *OP_GROUPS))
+    ops = expand_ops(ops) or list(OPS)
     print(f"providers on {device}:")
     by_provider: dict[str, dict[str, list[str]]] = {}
     for name, op, reason in availability(device, ops):

@@ -3,7 +3,8 @@
 Delta rule: q and k L2-normalised per head (as the models do before the recurrence),
 gates in their natural ranges (log decay ``logsigmoid(x) <= 0``, beta and the GDN-2
 gates in (0, 1)), so every provider runs a stable recurrence. Attention: unit normal
-q, k, v. All floating inputs are leaves; ``requires_grad`` is set for backward modes.
+q, k, v. Layers: unit normal hidden states (the scale an RMS-normalised block input has).
+All floating inputs are leaves; ``requires_grad`` is set for backward modes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lamina.bench.specs import ATTENTION_OPS, DELTA_GATES, DELTA_OPS
+from lamina.bench.specs import ATTENTION_OPS, DELTA_GATES, DELTA_OPS, LAYER_OPS
 
 SEED = 0
 TORCH_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -45,6 +46,7 @@ def make_inputs(op: str, params: dict[str, Any], device: str | torch.device,
     HRM: ``h, c, gate_logits: [N, D]``, ``bias, norm_weight: [D]``.
     GDN decode: ``q, k: [B, 1, H, K]``, ``v: [B, 1, HV, V]``, ``g, beta: [B, 1, HV]``,
     ``state: [B, HV, K, V]`` float32 (never requires grad).
+    Layers: ``x: [B, T, hidden_size]`` (the layer's weights belong to the providers).
     """
     device = torch.device(device)
     dtype = torch_dtype(params["dtype"])
@@ -88,6 +90,9 @@ def make_inputs(op: str, params: dict[str, Any], device: str | torch.device,
             "beta": _leaf(torch.sigmoid(randn(B, 1, HV)), dtype, rg),
             "state": _leaf(0.1 * randn(B, HV, K, V), torch.float32, False),
         }
+    if op in LAYER_OPS:
+        B, T, D = params["B"], params["T"], params["layer"]["hidden_size"]
+        return {"x": _leaf(randn(B, T, D), dtype, rg)}
     raise ValueError(f"no input maker for op {op!r}")
 
 

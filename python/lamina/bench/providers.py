@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from lamina.bench import eager
-from lamina.bench.specs import ATTENTION_OPS, DELTA_GATES, DELTA_OPS, OPS
+from lamina.bench.specs import ATTENTION_OPS, DELTA_GATES, DELTA_OPS, LAYER_OPS, OPS
 
 Runner = Callable[[], Any]
 
@@ -124,15 +124,25 @@ def _call_api(fn: Callable, op: str, x: dict[str, Any], **extra: Any) -> Runner:
 # ---- builders --------------------------------------------------------------------------------
 
 
+def _layer_bind(side: str, op: str, params: dict[str, Any], x: dict[str, Any]) -> Bound:
+    from lamina.bench.layers import bind_layer
+
+    return bind_layer(side, op, params, x)
+
+
 def _lamina_builder(backend: str) -> Callable[[str, dict, dict], Runner | Bound]:
-    def build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner:
+    def build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner | Bound:
+        if op in LAYER_OPS:  # the layer at lamina's default dispatch (availability checked the backend)
+            return _layer_bind("lamina", op, params, x)
         fn = _import(*LAMINA_FUNCS[op])
         return _call_api(fn, op, x, backend=backend)
 
     return build
 
 
-def _fla_build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner:
+def _fla_build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner | Bound:
+    if op in LAYER_OPS:
+        return _layer_bind("fla", op, params, x)
     return _call_api(_import(*FLA_FUNCS[op]), op, x)
 
 
@@ -212,12 +222,52 @@ def _needs_module(module: str, hint: str) -> Callable[[str, str], str | None]:
 
 
 def _lamina_check(op: str, device: str) -> str | None:
+    if op in LAYER_OPS:
+        return _layer_check("lamina", op)
     module, attr = LAMINA_FUNCS[op]
     try:
         _import(module, attr)
     except ProviderSkip as exc:
         return str(exc)
     return None
+
+
+def _layer_check(side: str, op: str) -> str | None:
+    from lamina.bench.layers import layer_class
+
+    try:
+        layer_class(side, op)
+    except ProviderSkip as exc:
+        return str(exc)
+    return None
+
+
+# A layer takes no backend argument: it runs lamina's default dispatch, Triton kernels on CUDA and
+# the PyTorch path on the CPU (DESIGN.md, "Dispatch contract"); each lamina provider times the
+# layer where that dispatch is its own backend.
+LAYER_DISPATCH = {"cuda": "triton", "cpu": "torch"}
+
+
+def _lamina_available(backend: str) -> Callable[[str, str], str | None]:
+    def check(op: str, device: str) -> str | None:
+        if op in LAYER_OPS:
+            from lamina._dispatch import interpreter_enabled
+
+            if LAYER_DISPATCH[device] != backend:
+                return (f"a layer runs lamina's default dispatch, {LAYER_DISPATCH[device]} on {device} "
+                        f"(provider lamina-{LAYER_DISPATCH[device]}), not {backend}")
+            if device == "cpu" and interpreter_enabled():
+                return ("TRITON_INTERPRET=1: the layer would run lamina's Triton kernels under the interpreter, "
+                        "not the PyTorch path (unset TRITON_INTERPRET)")
+        return _lamina_check(op, device)
+
+    return check
+
+
+def _fla_check(op: str, device: str) -> str | None:
+    if op in LAYER_OPS:
+        return _layer_check("fla", op)
+    return _needs_module("fla", "pip install fla-core==0.6.0")(op, device)
 
 
 def _lamina_cuda_check(op: str, device: str) -> str | None:
@@ -271,6 +321,7 @@ class Provider:
     available: Callable[[str, str], str | None] | None = None
     case_limit: Callable[[str, dict[str, Any], str], str | None] | None = None
     ops_note: str = ""
+    device_note: str = ""
 
     def skip_reason(self, op: str, device: str, params: dict[str, Any] | None = None) -> str | None:
         if op not in OPS:
@@ -278,7 +329,8 @@ class Provider:
         if op not in self.ops:
             return self.ops_note or f"{self.name} does not implement {op}"
         if device not in self.devices:
-            return f"{self.name} runs on {'/'.join(self.devices)}, not {device}"
+            note = f": {self.device_note}" if self.device_note else ""
+            return f"{self.name} runs on {'/'.join(self.devices)}, not {device}{note}"
         if self.available is not None:
             reason = self.available(op, device)
             if reason:
@@ -293,24 +345,30 @@ class Provider:
         return built if isinstance(built, Bound) else Bound(built)
 
 
-ALL_OPS = tuple(OPS)
+KERNEL_OPS = tuple(op for op in OPS if op not in LAYER_OPS)
+# lamina's layers run where its kernels run; the plain PyTorch baselines and the reference are per kernel op.
+LAMINA_OPS = KERNEL_OPS + LAYER_OPS
 _ATTN = ATTENTION_OPS
-_FLA_OPS = tuple(FLA_FUNCS)
+_FLA_OPS = tuple(FLA_FUNCS) + LAYER_OPS
 _COMPILED_OPS = ("prism_attention", "attention_decode", "hrm_update", "gdn_decode")
+_NO_LAYER_BASELINE = "a kernel-op baseline; the layer ops compare lamina.layers with fla.layers"
 _BOTH = ("cpu", "cuda")
 
 PROVIDERS: dict[str, Provider] = {p.name: p for p in (
-    Provider("lamina-triton", "lamina's Triton kernels (backend='triton')", ALL_OPS, ("cuda",),
-             _lamina_builder("triton"), _lamina_check),
-    Provider("lamina-cuda", "lamina's CUDA C++ kernels (backend='cuda')", ALL_OPS, ("cuda",),
-             _lamina_builder("cuda"), _lamina_cuda_check),
-    Provider("lamina-torch", "lamina's PyTorch path, the CPU default (backend='torch')", ALL_OPS, _BOTH,
-             _lamina_builder("torch"), _lamina_check),
+    Provider("lamina-triton", "lamina's Triton kernels (backend='triton'; layers: lamina.layers on CUDA)",
+             LAMINA_OPS, ("cuda",), _lamina_builder("triton"), _lamina_available("triton")),
+    Provider("lamina-cuda", "lamina's CUDA C++ kernels (backend='cuda')", KERNEL_OPS, ("cuda",),
+             _lamina_builder("cuda"), _lamina_cuda_check, ops_note="layers run lamina's default dispatch "
+             "(lamina-triton on CUDA)"),
+    Provider("lamina-torch", "lamina's PyTorch path, the CPU default (backend='torch'; layers: lamina.layers "
+             "on the CPU)", LAMINA_OPS, _BOTH, _lamina_builder("torch"), _lamina_available("torch")),
     Provider("lamina-cpu-ext", "lamina's C++ CPU kernels in lamina._C (backend='cpu-ext')",
-             ALL_OPS, ("cpu",), _lamina_builder("cpu-ext"), _lamina_cpu_ext_check),
-    Provider("fla", "flash-linear-attention's Triton chunk kernels (fla.ops.*)", _FLA_OPS, ("cuda",),
-             _fla_build, _needs_module("fla", "pip install fla-core==0.6.0"),
-             ops_note="fla has no kernel for this op in the suite"),
+             KERNEL_OPS, ("cpu",), _lamina_builder("cpu-ext"), _lamina_cpu_ext_check,
+             ops_note="layers run lamina's default dispatch (lamina-torch on the CPU)"),
+    Provider("fla", "flash-linear-attention's Triton chunk kernels (fla.ops.*) and layers (fla.layers.*)",
+             _FLA_OPS, ("cuda",), _fla_build, _fla_check, ops_note="fla has no kernel for this op in the suite",
+             device_note="fla's Triton kernels need a GPU (lamina.patch_fla() would run fla's layers on "
+                         "lamina's kernels: not a comparison)"),
     Provider("flash-attn", "FlashAttention 2 (flash_attn_func)", _ATTN, ("cuda",), _flash_attn_build,
              _needs_module("flash_attn", "pip install flash-attn"), _flash_attn_limit,
              ops_note="flash-attn is an attention provider"),
@@ -322,15 +380,15 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
              ("cuda",), _sdpa_builder("EFFICIENT_ATTENTION"), ops_note="sdpa is an attention provider"),
     Provider("sdpa-math", "torch scaled_dot_product_attention, MATH backend", _ATTN, _BOTH,
              _sdpa_builder("MATH"), ops_note="sdpa is an attention provider"),
-    Provider("torch-eager", "the op in plain PyTorch (lamina.bench.eager)", ALL_OPS, _BOTH, _eager_build,
-             case_limit=_token_loop_limit),
+    Provider("torch-eager", "the op in plain PyTorch (lamina.bench.eager)", KERNEL_OPS, _BOTH, _eager_build,
+             case_limit=_token_loop_limit, ops_note=_NO_LAYER_BASELINE),
     Provider("torch-compile", "torch.compile of the plain PyTorch op", _COMPILED_OPS, _BOTH, _compile_build,
              case_limit=_token_loop_limit,
-             ops_note="no compiled baseline: the eager delta rule is a token loop over T, which "
-                      "torch.compile would unroll"),
-    Provider("reference", "lamina.reference (token loop for the delta family)", ALL_OPS, _BOTH,
+             ops_note="no compiled baseline for the delta family (its eager form is a token loop over T, which "
+                      "torch.compile would unroll) nor for the layer ops"),
+    Provider("reference", "lamina.reference (token loop for the delta family)", KERNEL_OPS, _BOTH,
              _reference_build, _needs_module("lamina.reference", "lamina is not installed correctly"),
-             _token_loop_limit),
+             _token_loop_limit, ops_note=_NO_LAYER_BASELINE),
 )}
 
 

@@ -3,7 +3,8 @@
 ``rich`` renders both when it is installed and the stream is a terminal; otherwise
 a plain-text fallback prints one line per measurement and a fixed-width table.
 Ratios compare every provider with the group's baseline (the first that ran of a
-per-op preference list: fla, FlashAttention or sdpa on GPUs; the reference on CPUs).
+per-op preference list: fla, FlashAttention or sdpa on GPUs; the reference on CPUs; fla for
+the layer ops).
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from lamina.bench.specs import ATTENTION_OPS, DELTA_OPS
+from lamina.bench.specs import ATTENTION_OPS, DELTA_OPS, LAYER_OPS
 
 # Baseline preference per device and op family.
 _BASELINES_CUDA_DELTA = ("fla", "torch-eager", "reference")
+_BASELINES_LAYERS = ("fla",)  # lamina's layer against fla's; on a CPU only lamina's runs (no baseline)
 _BASELINES_CUDA_ATTN = ("flash-attn", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "torch-eager")
 _BASELINES_CUDA_OTHER = ("torch-compile", "torch-eager", "reference")
 _BASELINES_CPU = ("reference", "torch-eager", "sdpa-math")
 
 
 def baseline_preference(op: str, device: str) -> tuple[str, ...]:
+    if op in LAYER_OPS:
+        return _BASELINES_LAYERS
     if device != "cuda":
         return _BASELINES_CPU
     if op in DELTA_OPS or op == "gdn_decode":

@@ -8,9 +8,15 @@ device memory (every input read once, every output written once). Time over
 the roofline (DESIGN.md, "Performance model").
 
 Shape sets: ``standard`` (GPU: fla's benchmark shapes for the delta-rule family,
-Prism head dims, the HRM update at (8192, 4096), decoding steps), ``small`` (CPU:
-the same ops at sizes a laptop CPU runs in seconds), ``quick`` (a few cases for
-``lamina bench --quick``) and ``tiny`` (tests and the device-check dry run).
+Prism head dims, the HRM update at (8192, 4096), decoding steps, the four fla-compatible
+layers at fla's widths), ``small`` (CPU: the same ops at sizes a laptop CPU runs in
+seconds), ``quick`` (a few cases for ``lamina bench --quick``) and ``tiny`` (tests and
+the device-check dry run).
+
+The layer ops (``layer_*``, group ``layers``) time a whole token mixer, lamina's layer
+against fla's of the same name with the same weights. Their FLOPs are the projections
+and short convolutions plus the delta-rule op's own formula; their bytes are the floor
+of a fused layer (see ``layer_bytes``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from lamina.bench.layer_dims import LAYER_CLASSES, LAYER_OPS, LAYER_RECURRENCE, layer_dims
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 
@@ -43,6 +51,10 @@ DECODE_FLOPS_PER_STATE_ELEM = 7
 DELTA_OPS = ("delta_rule", "gated_delta_rule", "kda", "gdn2")
 ATTENTION_OPS = ("prism_attention", "attention_decode")
 DECODE_OPS = ("gdn_decode", "attention_decode")
+# Names that select several ops on the command line (`lamina bench --op layers`).
+OP_GROUPS: dict[str, tuple[str, ...]] = {"layers": LAYER_OPS}
+# The layers are timed forward and forward+backward (a training step); "bwd" alone adds nothing.
+LAYER_MODES = ("fwd", "fwd+bwd")
 
 
 def _es(p: dict[str, Any]) -> int:
@@ -192,6 +204,41 @@ def gdn_decode_bytes(op: str, p: dict[str, Any], mode: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# fla-compatible layers. Params: B, T, dtype, layer (the constructor arguments).
+# ----------------------------------------------------------------------------------------------
+
+
+def layer_recurrence_shape(op: str, p: dict[str, Any]) -> dict[str, Any]:
+    """The delta-rule shape the layer's recurrence runs at (``delta_shape`` parameters)."""
+    d = layer_dims(op, p["layer"])
+    return {"B": p["B"], "T": p["T"], "H": d.H, "HV": d.HV, "K": d.K, "V": d.V, "dtype": p["dtype"],
+            "seqlens": None}
+
+
+def layer_flops(op: str, p: dict[str, Any], mode: str) -> float:
+    """Projections and short convolutions (``LayerDims.projection_flops_per_token``) plus the
+    recurrence by ``delta_flops`` of the layer's op; backward = 2x forward, as for every
+    matmul-dominated op here (dX and dW each cost one product of the forward's size)."""
+    rec = LAYER_RECURRENCE[op]
+    fwd = (p["B"] * p["T"] * layer_dims(op, p["layer"]).projection_flops_per_token()
+           + delta_flops(rec, layer_recurrence_shape(op, p), "fwd"))
+    return _mode_total(mode, fwd, BWD_OVER_FWD * fwd)
+
+
+def layer_bytes(op: str, p: dict[str, Any], mode: str) -> float:
+    """The floor of a fused layer: forward reads x [B, T, D] and the weights once and writes
+    o [B, T, D]; backward reads x, the weights and dO and writes dx and one gradient per weight.
+    The activations between the layer's kernels (projections, conv outputs, the recurrence's
+    output) are not counted: a fused layer keeps them on chip, and the roofline is a floor.
+    Weights are in the benchmark dtype (the layer is cast as a whole)."""
+    d = layer_dims(op, p["layer"])
+    act = p["B"] * p["T"] * d.hidden_size
+    fwd = act + d.params + act
+    bwd = act + d.params + act + act + d.params
+    return _es(p) * _mode_total(mode, fwd, bwd)
+
+
+# ----------------------------------------------------------------------------------------------
 # The op table and shape sets
 # ----------------------------------------------------------------------------------------------
 
@@ -234,6 +281,11 @@ def decode_shape(B: int, H: int, D: int, dtype: str) -> dict[str, Any]:
     return {"B": B, "H": H, "HV": H, "K": D, "V": D, "dtype": dtype}
 
 
+def layer_shape(B: int, T: int, dtype: str, **layer: Any) -> dict[str, Any]:
+    """A layer case: batch, length, dtype and the layer's constructor arguments."""
+    return {"B": B, "T": T, "dtype": dtype, "layer": dict(layer)}
+
+
 # fla's delta-rule benchmark shapes, B x T x H x D.
 FLA_DELTA_SHAPES = ((1, 8192, 96, 128), (2, 16384, 16, 128), (4, 2048, 16, 128),
                     (4, 4096, 64, 128), (8, 2048, 32, 256), (8, 1024, 8, 64))
@@ -245,6 +297,25 @@ PRISM_DIMS = (64, 128, 256, 320, 512)
 PRISM_MODEL_WIDTH = 2560
 PRISM_SMALL_WIDTH = 640
 DECODE_BATCHES = (1, 16, 64)
+# Layers on the GPU at fla's model width, B x T = 2 x 2048 and 8 x 2048, with fla's head layout for
+# GatedDeltaNet (its defaults: 6 heads, K = 256, V = 512) and 16 heads of 128 for DeltaNet, KDA and GDN-2.
+LAYER_HIDDEN = 2048
+LAYER_BATCHES = (2, 8)
+LAYER_T = 2048
+LAYER_HEADS: dict[str, dict[str, Any]] = {
+    "layer_deltanet": dict(num_heads=16),
+    "layer_gated_deltanet": dict(head_dim=256, num_heads=6, expand_v=2),
+    "layer_kda": dict(head_dim=128, num_heads=16),
+    "layer_gdn2": dict(head_dim=128, num_heads=16),
+}
+# On the CPU (widths 64 to 256): the same layouts scaled down, the key head dim a quarter of the width.
+LAYER_CPU_HEAD_DIM_DIVISOR = 4
+LAYER_CPU_HEADS: dict[str, dict[str, Any]] = {
+    "layer_deltanet": dict(num_heads=4),
+    "layer_gated_deltanet": dict(num_heads=2, expand_v=2),
+    "layer_kda": dict(num_heads=4),
+    "layer_gdn2": dict(num_heads=4),
+}
 # KV-cache length of the attention decoding step.
 DECODE_CACHE_LEN = 4096
 
@@ -257,6 +328,20 @@ def _delta_sets() -> dict[str, list[dict[str, Any]]]:
                   delta_shape(0, 0, 4, 64, "fp32", seqlens=(300, 1000, 724))],
         "quick": [delta_shape(1, 4096, 4, 64, "fp32")],
         "tiny": [delta_shape(1, 64, 2, 16, "fp32"), delta_shape(0, 0, 2, 16, "fp32", seqlens=(24, 40))],
+    }
+
+
+def _layer_sets(op: str) -> dict[str, list[dict[str, Any]]]:
+    def cpu(B: int, T: int, D: int) -> dict[str, Any]:
+        head_dim = {} if op == "layer_deltanet" else {"head_dim": D // LAYER_CPU_HEAD_DIM_DIVISOR}
+        return layer_shape(B, T, "fp32", hidden_size=D, **head_dim, **LAYER_CPU_HEADS[op])
+
+    return {
+        "standard": [layer_shape(B, LAYER_T, "bf16", hidden_size=LAYER_HIDDEN, **LAYER_HEADS[op])
+                     for B in LAYER_BATCHES],
+        "small": [cpu(2, 256, 256)],
+        "quick": [cpu(1, 128, 128)],
+        "tiny": [cpu(1, 32, 64)],
     }
 
 
@@ -310,9 +395,15 @@ OPS["attention_decode"] = OpSpec(
     },
 )
 
+for _op in LAYER_OPS:
+    OPS[_op] = OpSpec(_op, f"{LAYER_CLASSES[_op]} layer (lamina.layers vs fla.layers, same weights)",
+                      layer_flops, layer_bytes, modes=LAYER_MODES, shapes=_layer_sets(_op))
+
 SHAPE_SETS = ("standard", "small", "quick", "tiny")
 # Default run order: cheap ops first, so that under a time budget (each op gets the remaining time over
-# the remaining ops) what they leave unused flows to the expensive ones.
+# the remaining ops) what they leave unused flows to the expensive ones. The kernel ops only: the layer
+# ops (`--op layers`) compile two whole layers per op and answer another question (lamina's layer
+# against fla's), so they run when asked for.
 RUN_ORDER = ("hrm_update", "gdn_decode", "attention_decode", "gated_delta_rule", "kda", "gdn2", "delta_rule",
              "prism_attention")
 # What `lamina bench --quick` runs (op, mode) on each device; shapes from the "quick" set on CPU.
@@ -324,6 +415,14 @@ QUICK_OPS: dict[str, tuple[tuple[str, str], ...]] = {
 # --quick on CUDA: indices into the standard shapes (4x2048x16x128; Prism D=128 and D=320; the HRM update).
 QUICK_CUDA_SHAPES: dict[str, tuple[int, ...]] = {"gated_delta_rule": (2,), "kda": (2,), "prism_attention": (1, 3),
                                                  "hrm_update": (0,)}
+
+
+def expand_ops(names: list[str]) -> list[str]:
+    """Op names with each group (``OP_GROUPS``) replaced by its ops, in order, without repeats."""
+    out: list[str] = []
+    for name in names:
+        out.extend(OP_GROUPS.get(name, (name,)))
+    return list(dict.fromkeys(out))
 
 
 def get_op(name: str) -> OpSpec:
@@ -347,6 +446,11 @@ def shape_label(op: str, p: dict[str, Any]) -> str:
         return f"{p['B']}x{t}x{heads}x{p['D']}{' causal' if p['causal'] else ''} {p['dtype']}"
     if op == "hrm_update":
         return f"{p['N']}x{p['D']}{' +norm' if p['norm'] else ''} {p['dtype']}"
+    if op in LAYER_OPS:
+        d = layer_dims(op, p["layer"])
+        heads = f"{d.H}" if d.HV == d.H else f"{d.H}/{d.HV}"
+        dims = f"{d.K}" if d.K == d.V else f"{d.K}/{d.V}"
+        return f"{p['B']}x{p['T']} d{d.hidden_size} h{heads}x{dims} {p['dtype']}"
     return f"B{p['B']} {p['HV']}x{p['K']}x{p['V']} {p['dtype']}"
 
 
