@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # lamina's one-call GPU device check (see benchmarks/README.md).
 #
-# On a GPU machine with no network: install lamina (and fla-core from wheels/ if carried),
-# JIT-build the CUDA extension, run `pytest -m gpu`, run the benchmark suite at the standard
-# shapes against every available provider (with the copy/matmul ceilings), run
-# `lamina info --kernels`, and write everything under $OUT. Each step is time-boxed with
-# `timeout`, and the steps share one total budget (TOTAL_BUDGET_S, default 450 s, under the
-# 8 minutes one device call may take). A failed step is recorded and the next one runs.
+# On a GPU machine with no network: install lamina (and fla-core, flash-linear-attention from
+# wheels/ if carried), JIT-build the CUDA extension, run `pytest -m gpu`, run the benchmark suite
+# at the standard shapes against every available provider (with the copy/matmul ceilings),
+# optionally the layer benchmark (`lamina bench --op layers`), run `lamina info --kernels`, and
+# write everything under $OUT. Each step is time-boxed with `timeout`, and the steps share one
+# total budget (TOTAL_BUDGET_S, default 450 s, under the 8 minutes one device call may take). A
+# failed step is recorded and the next one runs.
 #
-# SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_INFO=1 leave a step out (a benchmark-only call gives the
-# suite the whole budget: SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=420).
+# SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_INFO=1 leave a step out. The second call, benchmarks only:
+#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=240 BENCH_LAYERS_TIMEOUT=180
+# (the kernel ops, then lamina's layers against fla's; BENCH_LAYERS_TIMEOUT=0, the default, leaves
+# the layer benchmark out).
+#
+# fla on the GPU image: the image has transformers 5.17.0 and its stack (tokenizers, huggingface-hub,
+# safetensors, regex, pyyaml, tqdm, packaging, numpy) but neither fla-core (fla.ops) nor
+# flash-linear-attention (fla.layers, fla.models): both are pure-Python wheels carried in wheels/
+# (benchmarks/README.md). Without them the fla provider and the fla comparisons in the GPU tests
+# are skipped, each with its reason.
 #
 # DRY_RUN=1: every step that can run without a GPU runs on the CPU (pip's dry-run install,
 # pytest -m gpu (all skipped), the suite on tiny CPU shapes, the static kernel report); the
@@ -17,8 +26,9 @@
 #
 # Files written under $OUT (default ./device_out), at most 8 as the device tool returns:
 #   summary.txt  steps, environment, benchmark table (also printed at the end)
-#   setup.log    environment, installs and the CUDA build
-#   pytest_gpu.log, bench.jsonl, bench.log, info_kernels.log
+#   setup.log    environment, installs, fla's import check and the CUDA build
+#   pytest_gpu.log, bench.jsonl (kernel ops and layers), bench.log, info_kernels.log
+#   layers_gpu.txt  RMS error ratios of tests/test_fla_layers_gpu.py (lamina, fla, float64), when it ran
 
 set -u -o pipefail
 
@@ -32,8 +42,13 @@ mkdir -p "$OUT" || exit 1
 TOTAL_BUDGET_S="${TOTAL_BUDGET_S:-450}"
 INSTALL_TIMEOUT="${INSTALL_TIMEOUT:-60}"
 BUILD_TIMEOUT="${BUILD_TIMEOUT:-150}"
-PYTEST_TIMEOUT="${PYTEST_TIMEOUT:-110}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-130}"
+# GPU tests: about 100 s before the layer tests (tests/test_fla_layers_gpu.py, about a minute of
+# compiles on their own workers) joined them.
+PYTEST_TIMEOUT="${PYTEST_TIMEOUT:-150}"
+# The kernel-op suite in this call is a sample (the second call runs it with the time it needs).
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-90}"
+# The layer benchmark (`lamina bench --op layers`): 0 leaves it out; the second call sets it.
+BENCH_LAYERS_TIMEOUT="${BENCH_LAYERS_TIMEOUT:-0}"
 INFO_TIMEOUT="${INFO_TIMEOUT:-60}"
 # Kept free for the steps after the benchmark (kernel report, summary) when sizing its budget.
 RESERVE_AFTER_BENCH="${RESERVE_AFTER_BENCH:-50}"
@@ -48,9 +63,12 @@ PYTEST_WORKERS="${PYTEST_WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
 INFO_ARGS="${INFO_ARGS:---kernels --arch 90}"
 if [ "$DRY_RUN" = "1" ]; then
     BENCH_ARGS="${BENCH_ARGS:---device cpu --shapes tiny --mode fwd --exclude torch-compile --threads 1 --cpu-min-run-s 0.05}"
+    LAYERS_BENCH_ARGS="${LAYERS_BENCH_ARGS:---device cpu --shapes tiny --threads 1 --cpu-min-run-s 0.05}"
 else
     BENCH_ARGS="${BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
+    LAYERS_BENCH_ARGS="${LAYERS_BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
 fi
+LAYERS_REPORT="$OUT/layers_gpu.txt"
 
 START_S=$(date +%s)
 STEPS=()
@@ -112,6 +130,7 @@ PIP=("$PYTHON" -m pip install --no-deps --no-build-isolation --no-index)
 if [ "$DRY_RUN" = "1" ]; then PIP+=(--dry-run); fi
 shopt -s nullglob
 WHEELS=(wheels/*.whl)
+FLA_WHEELS=(wheels/fla_core-*.whl wheels/flash_linear_attention-*.whl)
 shopt -u nullglob
 if [ "${#WHEELS[@]}" -gt 0 ]; then
     run_step install_wheels "$INSTALL_TIMEOUT" "$SETUP_LOG" "${PIP[@]}" "${WHEELS[@]}"
@@ -119,6 +138,30 @@ else
     skip_step install_wheels "no wheels/ folder: fla is not installed, its provider is skipped"
 fi
 run_step install "$INSTALL_TIMEOUT" "$SETUP_LOG" "${PIP[@]}" -e .
+
+# fla.layers needs flash-linear-attention, fla-core and transformers (the image's): say which are there.
+FLA_CHECK='
+import importlib, importlib.metadata as md, sys
+for name in ("fla-core", "flash-linear-attention", "transformers", "tokenizers", "huggingface-hub", "safetensors"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} not installed")
+for module in ("fla.ops", "fla.layers"):
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        sys.exit(f"{module} is not importable ({type(exc).__name__}: {exc}): the fla provider and the fla "
+                 "comparisons of the GPU tests skip; carry the wheels named in benchmarks/README.md")
+    print(f"{module} imports")
+'
+if [ "${#FLA_WHEELS[@]}" -lt 2 ]; then
+    skip_step fla_import "no fla_core and flash_linear_attention wheels in wheels/: fla's layers are skipped"
+elif [ "$DRY_RUN" = "1" ]; then
+    skip_step fla_import "DRY_RUN: the wheels were not installed"
+else
+    run_step fla_import 60 "$SETUP_LOG" "$PYTHON" -c "$FLA_CHECK"
+fi
 
 # ---- 2. CUDA extension (JIT build with ninja) ----------------------------------------------
 if [ "$DRY_RUN" = "1" ]; then
@@ -139,18 +182,33 @@ else
         PYTEST_ARGS="$PYTEST_ARGS -n $PYTEST_WORKERS"
     fi
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
-    run_step pytest_gpu "$PYTEST_TIMEOUT" "$OUT/pytest_gpu.log" "$PYTHON" -m pytest $PYTEST_ARGS
+    run_step pytest_gpu "$PYTEST_TIMEOUT" "$OUT/pytest_gpu.log" env LAMINA_GPU_REPORT="$LAYERS_REPORT" \
+        "$PYTHON" -m pytest $PYTEST_ARGS
 fi
 
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
-bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT ))
 if [ "$bench_limit" -gt "$BENCH_TIMEOUT" ]; then bench_limit=$BENCH_TIMEOUT; fi
 bench_budget=$(( bench_limit - BENCH_SLACK_S ))
 if [ "$bench_budget" -lt 5 ]; then bench_budget=5; fi
 # shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
 run_step bench "$bench_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
     "$PYTHON" -m lamina.cli bench $BENCH_ARGS --out "$OUT/bench.jsonl" --time-budget "$bench_budget"
+
+# ---- 4b. layer benchmark: lamina.layers against fla.layers, same weights ---------------------
+if [ "$BENCH_LAYERS_TIMEOUT" -le 0 ]; then
+    skip_step bench_layers "BENCH_LAYERS_TIMEOUT=0: the benchmark call runs it"
+else
+    layers_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+    if [ "$layers_limit" -gt "$BENCH_LAYERS_TIMEOUT" ]; then layers_limit=$BENCH_LAYERS_TIMEOUT; fi
+    layers_budget=$(( layers_limit - BENCH_SLACK_S ))
+    if [ "$layers_budget" -lt 5 ]; then layers_budget=5; fi
+    # shellcheck disable=SC2086  # LAYERS_BENCH_ARGS is a word list on purpose
+    run_step bench_layers "$layers_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
+        "$PYTHON" -m lamina.cli bench --op layers $LAYERS_BENCH_ARGS --out "$OUT/bench.jsonl" \
+        --time-budget "$layers_budget"
+fi
 
 # ---- 5. static kernel report on this machine -----------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then
@@ -175,6 +233,11 @@ SUMMARY="$OUT/summary.txt"
     echo
     echo "=== pytest -m gpu"
     if [ -s "$OUT/pytest_gpu.log" ]; then tail -n 3 "$OUT/pytest_gpu.log"; else echo "no log"; fi
+    if [ -s "$LAYERS_REPORT" ]; then
+        echo
+        echo "=== fla layers vs lamina on the GPU, largest RMS error ratio per case (all: $(basename "$LAYERS_REPORT"))"
+        grep -h "largest" "$LAYERS_REPORT"
+    fi
     echo
     echo "=== steps"
     printf '%s\n' "${STEPS[@]}"

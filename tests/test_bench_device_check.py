@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from lamina.bench import specs
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "device_check.sh"
 # Files the device tool brings back (at most 8, no deeper than two folders).
@@ -31,11 +33,14 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
         "OUT": str(out),
         "DRY_RUN": "1",
         "PYTHON": sys.executable,
-        # keep the CI pass short: one small test file, two ops, a short kernel-report window (a report
-        # that needs longer is recorded as timed out, which the check tolerates like any failed step)
+        # keep the CI pass short: one small test file, two ops, the layers forward only, a short kernel-report
+        # window (a report that needs longer is recorded as timed out, which the check tolerates like any
+        # failed step)
         "PYTEST_ARGS": "-m gpu -q -p no:cacheprovider tests/test_bench_gpu.py",
         "BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --op hrm_update,delta_rule "
                       "--exclude torch-compile --threads 1 --cpu-min-run-s 0.02",
+        "BENCH_LAYERS_TIMEOUT": "60",
+        "LAYERS_BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --threads 1 --cpu-min-run-s 0.02",
         "INFO_TIMEOUT": "10",
         "LAMINA_BENCH_PLAIN": "1",
     }
@@ -47,12 +52,13 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert proc.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])  # the last lines are the summary
     steps = summary.split("=== steps", 1)[1]
-    for step, status in (("install", "ok"), ("build_cuda", "skipped (DRY_RUN"), ("pytest_gpu", "ok"),
-                         ("bench", "ok"), ("info_kernels", "")):
+    for step, status in (("install", "ok"), ("fla_import", "skipped ("), ("build_cuda", "skipped (DRY_RUN"),
+                         ("pytest_gpu", "ok"), ("bench ", "ok"), ("bench_layers", "ok"), ("info_kernels", "")):
         assert any(line.startswith(step) and status in line for line in steps.splitlines()), (step, steps)
     records = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "ceiling" for r in records)
     ok = [r for r in records if r["kind"] == "result" and r["status"] == "ok"]
-    assert {r["op"] for r in ok} == {"hrm_update", "delta_rule"}
+    assert {r["op"] for r in ok} == {"hrm_update", "delta_rule", *specs.LAYER_OPS}
+    assert {r["provider"] for r in ok if r["op"] in specs.LAYER_OPS} == {"lamina-torch"}
     assert "x vs reference" in summary
     assert "skipped" in (out / "pytest_gpu.log").read_text()
