@@ -101,12 +101,15 @@ def _inputs(kind: str, T: int = 20):
     return x, {}
 
 
-def _compare_with_patched_fla(name, i, kind):
+def _compare_with_patched_fla(name, i, kind, T=20, fla_on_torch_path=None):
+    """``fla_on_torch_path``: a pytest monkeypatch; fla's layer then runs lamina's PyTorch path, ours Triton."""
     ours, theirs = build(name, i, 0), build(name, i, 1)
-    x, kwargs = _inputs(kind)
+    x, kwargs = _inputs(kind, T)
     grads = []
     with lamina.patch_fla():
         for layer in (ours, theirs):
+            if layer is theirs and fla_on_torch_path is not None:
+                fla_on_torch_path.setenv("TRITON_INTERPRET", "0")
             xi = x.clone().requires_grad_()
             y, attn, _ = layer(xi, **kwargs)
             assert attn is None
@@ -130,8 +133,9 @@ def test_same_outputs_and_grads_as_patched_fla(name, i, kind, torch_path):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_same_outputs_and_grads_as_patched_fla_triton(name):
-    _compare_with_patched_fla(name, 1, "mask")
+def test_same_outputs_and_grads_as_patched_fla_triton(name, monkeypatch):
+    """lamina's layer on the Triton kernels (interpreter) against fla's layer on lamina's PyTorch path."""
+    _compare_with_patched_fla(name, 1, "mask", T=14, fla_on_torch_path=monkeypatch)
 
 
 def _decode_matches_full(name, i, cache_cls=Cache, T=12, prefill=5):
