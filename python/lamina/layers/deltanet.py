@@ -15,7 +15,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 import lamina.ops.delta_rule as ops
@@ -121,9 +120,3 @@ class DeltaNet(FlaDeltaLayer):
         return op(q, k, v, beta, initial_state=state, output_final_state=use_cache, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=self.qk_norm == "l2")
 
-    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.use_gate:
-            o = self.o_norm(o, rearrange(self.g_proj(x), "... (h d) -> ... h d", d=self.head_v_dim))
-        else:
-            o = self.o_norm(o)
-        return self.o_proj(rearrange(o, "b t h d -> b t (h d)"))

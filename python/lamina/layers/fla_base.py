@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from lamina.layers.norm import FusedRMSNormGated
 from lamina.layers.padding import check_attention_mask, repad, unpad
 from lamina.layers.short_conv import ShortConvolution
 
@@ -70,6 +71,37 @@ class FlaDeltaLayer(nn.Module):
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    def _set_heads(self, *, hidden_size: int, expand_v: float, head_dim: int, num_heads: int,
+                   num_v_heads: int | None, mode: str, use_short_conv: bool, allow_neg_eigval: bool,
+                   conv_size: int, conv_bias: bool, layer_idx: int | None) -> None:
+        """Head geometry and options of GatedDeltaNet, KDA and GDN-2 (fla's attribute names)."""
+        self._check_mode(mode)
+        self.mode, self.allow_neg_eigval = mode, allow_neg_eigval
+        self.hidden_size, self.expand_v = hidden_size, expand_v
+        self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
+        self.head_dim, self.num_heads = head_dim, num_heads
+        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
+        self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
+        self.key_dim = num_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.layer_idx = layer_idx
+        if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
+            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
+        if self.num_v_heads < num_heads or self.num_v_heads % num_heads != 0:
+            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_heads ({num_heads})")
+
+    def _make_qkv_proj(self) -> None:
+        self.q_proj = nn.Linear(self.hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(self.hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(self.hidden_size, self.value_dim, bias=False)
+
+    def _make_low_rank_output_gate(self, norm_eps: float) -> None:
+        """KDA's and GDN-2's output: RMSNorm gated by ``sigmoid(g_proj(x))``, ``g_proj`` low rank with bias."""
+        self.g_proj = nn.Sequential(nn.Linear(self.hidden_size, self.head_v_dim, bias=False),
+                                    nn.Linear(self.head_v_dim, self.value_dim, bias=True))
+        self.o_norm = FusedRMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, self.hidden_size, bias=False)
 
     def _make_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None = "silu") -> None:
         self.q_conv1d = ShortConvolution(hidden_size=self.key_dim, kernel_size=conv_size, bias=conv_bias,
@@ -156,7 +188,12 @@ class FlaDeltaLayer(nn.Module):
         raise NotImplementedError
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Per-head output norm (gated by ``g_proj`` when the layer has one) and the output projection."""
+        if getattr(self, "g_proj", None) is not None:
+            o = self.o_norm(o, rearrange(self.g_proj(x), "... (h d) -> ... h d", d=self.head_v_dim))
+        else:
+            o = self.o_norm(o)
+        return self.o_proj(rearrange(o, "b t h d -> b t (h d)"))
 
     def forward(
         self,

@@ -11,10 +11,7 @@ state is ``[N, HV, V, K]`` (``state_v_first``), as fla keeps it.
 
 from __future__ import annotations
 
-import math
-
 import torch
-from einops import rearrange
 from torch import nn
 
 import lamina.ops.delta_rule as ops
@@ -60,28 +57,15 @@ class GatedDeltaNet(FlaDeltaLayer):
         output_gate_activation: str = "swish",
     ) -> None:
         super().__init__()
-        self._check_mode(mode)
         if output_gate_activation not in OUTPUT_GATE_ACTIVATIONS:
             raise ValueError(f"output_gate_activation must be one of {OUTPUT_GATE_ACTIVATIONS}, "
                              f"got {output_gate_activation!r}")
-        self.mode, self.allow_neg_eigval = mode, allow_neg_eigval
-        self.hidden_size, self.expand_v = hidden_size, expand_v
-        self.use_gate, self.use_short_conv = use_gate, use_short_conv
-        self.conv_size, self.conv_bias = conv_size, conv_bias
-        self.head_dim, self.num_heads = head_dim, num_heads
-        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
-        self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
-        self.key_dim = num_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.layer_idx = layer_idx
-        if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
-            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
-        if self.num_v_heads % num_heads != 0:
-            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_heads ({num_heads})")
-
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._set_heads(hidden_size=hidden_size, expand_v=expand_v, head_dim=head_dim, num_heads=num_heads,
+                        num_v_heads=num_v_heads, mode=mode, use_short_conv=use_short_conv,
+                        allow_neg_eigval=allow_neg_eigval, conv_size=conv_size, conv_bias=conv_bias,
+                        layer_idx=layer_idx)
+        self.use_gate = use_gate
+        self._make_qkv_proj()
         self.a_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         self.A_log = no_weight_decay(nn.Parameter(init_A_log(self.num_v_heads, 0.0, 16.0)))
@@ -101,11 +85,4 @@ class GatedDeltaNet(FlaDeltaLayer):
                   use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                   allow_neg_eigval=self.allow_neg_eigval, state_v_first=True, cu_seqlens=cu_seqlens,
                   use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias)
-
-    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.use_gate:
-            o = self.o_norm(o, rearrange(self.g_proj(x), "... (h d) -> ... h d", d=self.head_v_dim))
-        else:
-            o = self.o_norm(o)
-        return self.o_proj(rearrange(o, "b t h d -> b t (h d)"))
 

@@ -10,15 +10,12 @@ output RMSNorm is gated by ``sigmoid(g_proj(x))`` (low rank, with bias). The cac
 
 from __future__ import annotations
 
-import math
-
 import torch
 from einops import rearrange
 from torch import nn
 
 import lamina.ops.delta_rule as ops
 from lamina.layers.fla_base import FlaDeltaLayer, init_A_log, init_dt_bias, no_weight_decay
-from lamina.layers.norm import FusedRMSNormGated
 
 
 class KimiDeltaAttention(FlaDeltaLayer):
@@ -55,25 +52,12 @@ class KimiDeltaAttention(FlaDeltaLayer):
         norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        self._check_mode(mode)
-        self.mode, self.allow_neg_eigval = mode, allow_neg_eigval
+        self._set_heads(hidden_size=hidden_size, expand_v=expand_v, head_dim=head_dim, num_heads=num_heads,
+                        num_v_heads=num_v_heads, mode=mode, use_short_conv=use_short_conv,
+                        allow_neg_eigval=allow_neg_eigval, conv_size=conv_size, conv_bias=conv_bias,
+                        layer_idx=layer_idx)
         self.safe_gate, self.lower_bound = safe_gate, lower_bound
-        self.hidden_size, self.expand_v = hidden_size, expand_v
-        self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
-        self.head_dim, self.num_heads = head_dim, num_heads
-        self.num_v_heads = num_v_heads if num_v_heads is not None else num_heads
-        self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
-        self.key_dim = num_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.layer_idx = layer_idx
-        if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5):
-            raise ValueError(f"head_dim * expand_v must be an integer, got {head_dim} * {expand_v}")
-        if self.num_v_heads % num_heads != 0:
-            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_heads ({num_heads})")
-
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._make_qkv_proj()
         if use_short_conv:
             self._make_convs(conv_size, conv_bias)
         self.gate_dim = self.num_v_heads * self.head_k_dim
@@ -84,10 +68,7 @@ class KimiDeltaAttention(FlaDeltaLayer):
             else init_A_log(self.num_v_heads, 1.0, 16.0)
         self.A_log = no_weight_decay(nn.Parameter(A_log))
         self.dt_bias = no_weight_decay(nn.Parameter(init_dt_bias(self.gate_dim)))
-        self.g_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
-                                    nn.Linear(self.head_v_dim, self.value_dim, bias=True))
-        self.o_norm = FusedRMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
-        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self._make_low_rank_output_gate(norm_eps)
 
     def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
         g = rearrange(self.f_proj(x), "... (h d) -> ... h d", d=self.head_k_dim)
@@ -99,6 +80,3 @@ class KimiDeltaAttention(FlaDeltaLayer):
             return ops.chunk_kda(q, k, v, g, self.b_proj(x), safe_gate=self.safe_gate, **common)
         return ops.fused_recurrent_kda(q, k, v, g, self.b_proj(x), **common)
 
-    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        o = self.o_norm(o, rearrange(self.g_proj(x), "... (h d) -> ... h d", d=self.head_v_dim))
-        return self.o_proj(rearrange(o, "b t h d -> b t (h d)"))

@@ -17,6 +17,10 @@ _EXPORTS: dict[str, str] = {
     "gdn2_ref": "lamina.reference.delta_rule",
     "attention_ref": "lamina.reference.attention",
     "hrm_gated_update_ref": "lamina.reference.hrm",
+    "causal_conv1d_ref": "lamina.reference.short_conv",
+    "causal_conv1d_update_ref": "lamina.reference.short_conv",
+    "rms_norm_ref": "lamina.reference.norm",
+    "rms_norm_gated_ref": "lamina.reference.norm",
 }
 
 __all__ = sorted(_EXPORTS)
