@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -161,16 +162,25 @@ def _format_table(rows: list[KernelReport]) -> str:
     return "\n".join(out)
 
 
+# What `lamina info` lists: name shown -> installed distribution. Read from the package metadata, not by
+# importing (`import fla` with flash-linear-attention installed imports its layers, models and transformers).
+_LISTED_DISTRIBUTIONS = {
+    "torch": "torch", "triton": "triton", "numpy": "numpy", "einops": "einops", "fla": "fla-core",
+    "fla layers": "flash-linear-attention", "transformers": "transformers", "flash_attn": "flash-attn",
+}
+
+
 def _module_version(mod: str) -> str | None:
+    """Installed version of the distribution shown as ``mod`` (see ``_LISTED_DISTRIBUTIONS``), or None."""
     try:
-        return getattr(importlib.import_module(mod), "__version__", "unknown")
-    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+        return importlib.metadata.version(_LISTED_DISTRIBUTIONS.get(mod, mod))
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for mod in ("torch", "triton", "numpy", "einops", "fla", "flash_attn"):
+    for mod in _LISTED_DISTRIBUTIONS:
         out[mod] = _module_version(mod) or "not installed"
     # the Triton line says whether this version is one lamina is tested with
     out["triton"] = triton_status(_module_version("triton"))
