@@ -27,7 +27,14 @@ import torch  # noqa: E402
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Tests that take minutes start first, so that under pytest-xdist no worker is left running one of them alone
+# at the end (the static report compiles every kernel configuration: 2-4 minutes with a cold Triton cache).
+LONG_FIRST = ("test_static_report.py::test_every_default_kernel_config_compiles_without_spills",
+              "test_bench_device_check.py::", "test_hrm_ext.py::test_cuda_")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(name in item.nodeid for name in LONG_FIRST))  # stable: the rest keep order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_interp = pytest.mark.skip(reason="needs TRITON_INTERPRET=1 (set automatically when no CUDA device)")
     for item in items:
