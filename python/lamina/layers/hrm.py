@@ -8,6 +8,8 @@ the earlier ones run under ``torch.no_grad`` and hold no autograd graph.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 import torch
 from torch import nn
 
@@ -104,7 +106,8 @@ class HRMCore(nn.Module):
     the final slow update are differentiated (``grad_steps`` must be 1).
 
     Args:
-        fast_block, slow_block: any nn.Module mapping [B, T, D] -> [B, T, D].
+        fast_block, slow_block: any nn.Module mapping [B, T, D] -> [B, T, D] (for ``forward(x, cache=)``
+            one that also takes ``cache=``).
         d_model: D.
         n_cycles: N, slow updates per pass.
         steps_per_cycle: T, fast steps per slow update.
@@ -161,33 +164,65 @@ class HRMCore(nn.Module):
         """M, the shared-weight steps of one pass."""
         return self.n_cycles * self.steps_per_cycle
 
-    def _step(self, i: int, x: torch.Tensor, zl: torch.Tensor, zh: torch.Tensor | None):
+    @property
+    def block_applications(self) -> int:
+        """Block calls of one forward: ``passes * (M + n_cycles)`` (``passes * M`` in flat mode)."""
+        per_pass = self.steps if self.mode == "flat" else self.steps + self.n_cycles
+        return self.passes * per_pass
+
+    def block_schedule(self) -> list[str]:
+        """Which block each call of one forward runs, in order: ``"fast"`` or ``"slow"``."""
+        one_pass = []
+        for i in range(self.steps):
+            one_pass.append("fast")
+            if self.mode != "flat" and (i + 1) % self.steps_per_cycle == 0:
+                one_pass.append("slow")
+        return one_pass * self.passes
+
+    @staticmethod
+    def _call(block: nn.Module, inp: torch.Tensor, entries: Iterator[object] | None) -> torch.Tensor:
+        return block(inp) if entries is None else block(inp, cache=next(entries))
+
+    def _step(self, i: int, x: torch.Tensor, zl: torch.Tensor, zh: torch.Tensor | None,
+              entries: Iterator[object] | None):
         if self.mode == "flat":
-            return self.fast_block(zl + x), None
-        zl = self.fast_update(zl, self.fast_block(zl + zh + x), x)
+            return self._call(self.fast_block, zl + x, entries), None
+        zl = self.fast_update(zl, self._call(self.fast_block, zl + zh + x, entries), x)
         if (i + 1) % self.steps_per_cycle == 0:
-            zh = self.slow_update(zh, self.slow_block(zh + zl))
+            zh = self.slow_update(zh, self._call(self.slow_block, zh + zl, entries))
         return zl, zh
 
-    def _pass(self, x: torch.Tensor, zl: torch.Tensor, zh: torch.Tensor | None):
+    def _pass(self, x: torch.Tensor, zl: torch.Tensor, zh: torch.Tensor | None, entries: Iterator[object] | None):
         first_grad = self.steps - self.grad_steps
         with torch.no_grad():
             for i in range(first_grad):
-                zl, zh = self._step(i, x, zl, zh)
+                zl, zh = self._step(i, x, zl, zh, entries)
         for i in range(first_grad, self.steps):
-            zl, zh = self._step(i, x, zl, zh)
+            zl, zh = self._step(i, x, zl, zh, entries)
         out = zl if self.mode == "flat" else self.out_update(zh, zl, x)
         return out, zl, zh
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x: [B, T, D] input encoding -> a list of ``passes`` outputs, each [B, T, D]."""
+    def forward(self, x: torch.Tensor, cache: Sequence[object] | None = None) -> list[torch.Tensor]:
+        """x: [B, T, D] input encoding -> a list of ``passes`` outputs, each [B, T, D].
+
+        ``cache``: for incremental decoding, one entry per block call (``block_applications`` of
+        them, in the order of ``block_schedule()``); call ``j`` runs ``block(input, cache=cache[j])``,
+        so each application of a shared block keeps its own state (e.g. the keys and values of the
+        earlier tokens at that application). None: the blocks are called as ``block(input)``.
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape [B, T, {self.d_model}], got {tuple(x.shape)}")
+        entries = None
+        if cache is not None:
+            if len(cache) != self.block_applications:
+                raise ValueError(f"cache must have one entry per block call ({self.block_applications}), "
+                                 f"got {len(cache)}")
+            entries = iter(cache)
         zl = self.fast_init.to(x.dtype).expand_as(x)
         zh = None if self.mode == "flat" else self.slow_init.to(x.dtype).expand_as(x)
         outputs = []
         for _ in range(self.passes):
-            out, zl, zh = self._pass(x, zl, zh)
+            out, zl, zh = self._pass(x, zl, zh, entries)
             outputs.append(out)
             # the next pass starts from these states but no gradient crosses passes
             zl = zl.detach()

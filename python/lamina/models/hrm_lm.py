@@ -4,10 +4,18 @@ Embedding -> HRMCore (a fast and a slow block, shared over M steps) -> RMSNorm -
 ``parameter_report`` compares its stored parameters with an L-layer transformer of the same
 width, where L is the number of block applications of one pass (M fast + n_cycles slow steps;
 M in flat mode): the recurrence stores 2 blocks (1 in flat mode) where the stack stores L.
+
+Decoding (``new_cache``, ``decode``, ``generate``; the protocol of ``lamina.generation``): every
+block application (pass p, step i, fast or slow) attends to the earlier tokens' keys and values
+at that same application, so the cache holds one preallocated key/value buffer per application,
+``[B, max_length, H, Dh]``, written in place at each row's own position. A new token's
+hierarchical states are then computed from its embedding and those buffers alone: the per-token
+states of the earlier tokens live on in their cached keys and values.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +24,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from lamina import generation
+from lamina._validate import check_tensor
 from lamina.layers.hrm import MODES, HRMCore
 
 
@@ -70,6 +80,21 @@ class HRMLMConfig:
         return cls(**{**base, **overrides})
 
 
+@dataclass(frozen=True)
+class AttentionCache:
+    """What one block application sees of the decoding cache during one ``HRMLM.decode`` call.
+
+    k, v: ``[B, S, H, Dh]`` buffers of this application (``S`` the cache's ``max_length``), written
+    in place; start: ``[B]`` int64, the tokens row b held before this call (its new token t goes
+    to position ``start[b] + t``); span: ``max(start) + T``, the positions this call may read.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    start: torch.Tensor
+    span: int
+
+
 class CausalBlock(nn.Module):
     """Pre-norm transformer block: causal multi-head attention and a GELU MLP. [B, T, D] -> [B, T, D]."""
 
@@ -85,11 +110,29 @@ class CausalBlock(nn.Module):
             nn.Linear(mlp_ratio * d_model, d_model, bias=False),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: AttentionCache | None = None) -> torch.Tensor:
+        """x: [B, T, D]. With ``cache`` the T tokens of row b follow the ``cache.start[b]`` tokens
+        whose keys and values the cache holds; theirs are written into it."""
         q, k, v = rearrange(self.qkv(self.norm1(x)), "b t (three h d) -> three b h t d", three=3, h=self.n_heads)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is None:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            attn = self._cached_attention(q, k, v, cache)
         x = x + self.proj(rearrange(attn, "b h t d -> b t (h d)"))
         return x + self.mlp(self.norm2(x))
+
+    @staticmethod
+    def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
+        """q, k, v: [B, H, T, Dh] of the new tokens -> attention output [B, H, T, Dh]."""
+        B, _, T, _ = q.shape
+        positions = cache.start[:, None] + torch.arange(T, device=q.device)  # [B, T]
+        rows = torch.arange(B, device=q.device)[:, None]
+        cache.k[rows, positions] = rearrange(k, "b h t d -> b t h d").to(cache.k.dtype)
+        cache.v[rows, positions] = rearrange(v, "b h t d -> b t h d").to(cache.v.dtype)
+        keys, values = (rearrange(t[:, :cache.span], "b s h d -> b h s d").to(q.dtype) for t in (cache.k, cache.v))
+        # query t of row b sees the row's keys up to its own position (causal, per row)
+        visible = torch.arange(cache.span, device=q.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None])
 
 
 def default_block(config: HRMLMConfig) -> nn.Module:
@@ -104,11 +147,31 @@ class HRMLMOutput:
     loss: torch.Tensor | None = None
 
 
+class HRMLMCache:
+    """Decoding cache of an ``HRMLM`` (from ``new_cache``).
+
+    keys, values: one ``[B, max_length, H, Dh]`` buffer each per block application (in the order of
+    ``HRMCore.block_schedule()``); lengths: ``[B]`` int64, the tokens each row holds.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor) -> None:
+        self.keys, self.values, self.lengths = keys, values, lengths
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def max_length(self) -> int:
+        return self.keys[0].shape[1]
+
+
 class HRMLM(nn.Module):
     """Causal LM: token + position embedding, ``HRMCore``, RMSNorm, LM head tied to the embedding.
 
     ``block_factory(config)`` builds the fast and slow blocks (default: ``CausalBlock``; any
-    [B, T, D] -> [B, T, D] module works, e.g. a Prism or delta-rule block).
+    [B, T, D] -> [B, T, D] module works, e.g. a Prism or delta-rule block). Decoding with a cache
+    needs blocks whose forward takes ``cache=`` an ``AttentionCache`` (as ``CausalBlock``'s does).
     """
 
     def __init__(self, config: HRMLMConfig,
@@ -127,6 +190,13 @@ class HRMLM(nn.Module):
         nn.init.normal_(self.embed.weight, std=config.d_model ** -0.5)
         nn.init.normal_(self.pos.weight, std=config.d_model ** -0.5)
 
+    def _encode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # scaled to unit RMS, the scale of the HRM states (the embedding is tied to the head at std D^-1/2)
+        return (self.embed(input_ids) + self.pos(positions)) * self.config.d_model ** 0.5
+
+    def _head(self, out: torch.Tensor) -> torch.Tensor:
+        return self.norm(out) @ self.embed.weight.t()
+
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> HRMLMOutput:
         """input_ids: [B, T] int64, T <= max_seq_len; targets: [B, T] (ignore_index -100) or None."""
         if input_ids.dim() != 2:
@@ -134,15 +204,114 @@ class HRMLM(nn.Module):
         t = input_ids.shape[1]
         if t > self.config.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.config.max_seq_len}")
-        # scaled to unit RMS, the scale of the HRM states (the embedding is tied to the head at std D^-1/2)
-        x = (self.embed(input_ids) + self.pos(torch.arange(t, device=input_ids.device))) * self.config.d_model ** 0.5
-        logits = [self.norm(out) @ self.embed.weight.t() for out in self.core(x)]
+        x = self._encode(input_ids, torch.arange(t, device=input_ids.device))
+        logits = [self._head(out) for out in self.core(x)]
         loss = None
         if targets is not None:
             losses = [F.cross_entropy(rearrange(lg, "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"),
                                       ignore_index=-100) for lg in logits]
             loss = torch.stack(losses).mean()
         return HRMLMOutput(logits, loss)
+
+    # --- decoding (the protocol of lamina.generation) -------------------------------------------
+
+    def _check_decodable(self) -> None:
+        for name in ("fast_block", "slow_block"):
+            block = getattr(self.core, name)
+            if block is not None and "cache" not in inspect.signature(block.forward).parameters:
+                raise TypeError(f"block {name} ({type(block).__name__}) does not support decoding with a cache: "
+                                "its forward takes no cache= argument (HRMLM.decode passes each block "
+                                "application an AttentionCache)")
+
+    def new_cache(self, batch_size: int, max_length: int) -> HRMLMCache:
+        """An empty cache for ``batch_size`` rows of at most ``max_length <= max_seq_len`` tokens each:
+        per block application ``k, v: [batch_size, max_length, n_heads, d_model // n_heads]`` (zeros)."""
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if max_length > self.config.max_seq_len:
+            raise ValueError(f"max_length must be <= max_seq_len {self.config.max_seq_len} (the position "
+                             f"embedding), got {max_length}")
+        self._check_decodable()
+        c, w = self.config, self.embed.weight
+        shape = (batch_size, max_length, c.n_heads, c.d_model // c.n_heads)
+        n = self.core.block_applications
+        keys = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in range(n)]
+        values = [torch.zeros(shape, dtype=w.dtype, device=w.device) for _ in range(n)]
+        return HRMLMCache(keys, values, torch.zeros(batch_size, dtype=torch.int64, device=w.device))
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor, cache: HRMLMCache,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``input_ids [B, T]`` after the tokens in ``cache``, append them; logits ``[B, T, vocab]``
+        of the last supervision pass.
+
+        ``attention_mask [B, T]``: 0/1 with a prefix of ones per row (right padding); row b keeps its
+        first ``attention_mask[b].sum()`` tokens, the logits at its padding are unspecified. None:
+        every row keeps all T. Each row's tokens take the positions after its own tokens.
+        """
+        check_tensor("input_ids", input_ids, ndim=2, dtypes=(torch.int32, torch.int64))
+        if not isinstance(cache, HRMLMCache):
+            raise TypeError(f"cache must be an HRMLMCache (from new_cache()), got {type(cache).__name__}")
+        self._check_decodable()
+        B, T = input_ids.shape
+        if B != cache.batch_size or T < 1:
+            raise ValueError(f"input_ids must have shape [{cache.batch_size}, >= 1] for this cache of "
+                             f"{cache.batch_size} rows, got {tuple(input_ids.shape)}")
+        if cache.keys[0].device != input_ids.device:
+            raise ValueError(f"input_ids must be on the cache's device {cache.keys[0].device}, got {input_ids.device}")
+        counts = self._row_counts(attention_mask, B, T, input_ids.device)
+        start = cache.lengths
+        longest = int(start.max()) + T
+        if longest > cache.max_length:
+            raise ValueError(f"the cache holds at most {cache.max_length} tokens per row: a row holding "
+                             f"{longest - T} tokens cannot take {T} more")
+        x = self._encode(input_ids, start[:, None] + torch.arange(T, device=input_ids.device))
+        entries = [AttentionCache(k, v, start, longest) for k, v in zip(cache.keys, cache.values)]
+        out = self.core(x, cache=entries)[-1]
+        cache.lengths = start + counts
+        return self._head(out)
+
+    @staticmethod
+    def _row_counts(attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> torch.Tensor:
+        """Tokens each row keeps: ``attention_mask.sum(1)``, checked to be a prefix of ones."""
+        if attention_mask is None:
+            return torch.full((B,), T, dtype=torch.int64, device=device)
+        check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
+        if tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        if attention_mask.device != device:
+            raise ValueError(f"attention_mask must be on {device}, got {attention_mask.device}")
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        mask = attention_mask.bool()
+        counts = mask.sum(1)
+        if not torch.equal(mask, torch.arange(T, device=device)[None, :] < counts[:, None]):
+            raise ValueError("attention_mask must have the ones first in every row (right padding) when decoding")
+        return counts
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_token_id: int | None = None,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """``lamina.generation.generate`` with this model: ``[B, max_new_tokens]`` new tokens after
+        the prompts ``input_ids [B, T]`` (``attention_mask [B, T]``: left or right padding)."""
+        return generation.generate(
+            self, input_ids, max_new_tokens, attention_mask=attention_mask, do_sample=do_sample,
+            temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, generator=generator,
+        )
 
 
 def _count(module: nn.Module | None) -> int:
