@@ -206,3 +206,139 @@ def decode_step(
                     final_state, float(scale), float(lower_bound), int(gate_act), int(beta_act), bool(l2norm),
                     bool(state_v_first), bool(inplace))
     return out
+
+
+# --- the op boundary: fla's decode keywords ------------------------------------------------------
+
+DECODE_BACKENDS = ("auto", "triton", "cuda", "cpu-ext", "torch")
+# On CUDA, "auto" takes the Triton step: the CUDA C++ step replaces it once a committed GPU sweep
+# (lamina bench --op decode) shows it faster.
+CUDA_AUTO = "triton"
+
+
+def _ext_has_decode() -> bool:
+    from lamina._optional import compiled_extension
+
+    ext = compiled_extension()
+    return ext is not None and hasattr(torch.ops.lamina_C, "delta_decode_step")
+
+
+def resolve_backend(op: str, backend: str, device: torch.device) -> str:
+    """The decode step's path on ``device``: "auto" is Triton on CUDA (``CUDA_AUTO``); on CPU Triton
+    under ``TRITON_INTERPRET=1``, else the C++ CPU kernel when ``lamina._C`` has it, else PyTorch."""
+    from lamina._dispatch import interpreter_enabled
+
+    if backend not in DECODE_BACKENDS:
+        raise ValueError(f"{op}: backend must be one of {DECODE_BACKENDS}, got {backend!r}")
+    on_cuda = device.type == "cuda"
+    if backend == "auto":
+        if on_cuda:
+            return CUDA_AUTO
+        if interpreter_enabled():
+            return "triton"
+        return "cpu-ext" if _ext_has_decode() else "torch"
+    if backend == "triton" and not on_cuda and not interpreter_enabled():
+        raise ValueError(f"{op}: backend='triton' on CPU tensors needs the Triton interpreter; set "
+                         "TRITON_INTERPRET=1 before importing lamina")
+    if backend in ("cuda", "cpu-ext"):
+        want = "cuda" if backend == "cuda" else "cpu"
+        if device.type != want:
+            raise ValueError(f"{op}: backend={backend!r} needs {want} tensors, got {device.type} tensors")
+        if not _ext_has_decode():
+            from lamina._optional import require_compiled_extension
+
+            require_compiled_extension()
+            raise ValueError(f"{op}: backend={backend!r}: the installed lamina._C has no delta_decode_step; "
+                             "rebuild it (LAMINA_BUILD_CPU=1 or LAMINA_BUILD_CUDA=1 pip install "
+                             "--no-build-isolation -e .)")
+        from lamina._optional import compiled_extension
+
+        if backend == "cuda" and not getattr(compiled_extension(), "WITH_CUDA", False):
+            raise ValueError(f"{op}: backend='cuda': lamina._C was built without CUDA (LAMINA_BUILD_CUDA=1)")
+    return backend
+
+
+def slot_contiguous(state: torch.Tensor) -> bool:
+    """Each ``state[p]`` is one contiguous block (the pool itself may be strided along P)."""
+    return state[0].is_contiguous() if state.shape[0] else True
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_pool(op: str, state: torch.Tensor | None, N: int, HV: int, K: int, V: int, state_v_first: bool,
+               ssm_state_indices: torch.Tensor | None, num_accepted_tokens: torch.Tensor | None,
+               inplace: bool, check_indices: bool, dtype: torch.dtype) -> torch.Tensor | None:
+    """Validate the state (pool) and the slot tables; returns the indices as ``[N, S]`` or None."""
+    inner = (HV, V, K) if state_v_first else (HV, K, V)
+    layout = "[P, HV, V, K] with state_v_first=True" if state_v_first else "[P, HV, K, V]"
+    if inplace and state is None:
+        raise ValueError(f"{op}: inplace_final_state=True needs initial_state (the states to update in place)")
+    if ssm_state_indices is None:
+        if num_accepted_tokens is not None:
+            raise ValueError(f"{op}: num_accepted_tokens needs ssm_state_indices [N, S] (the slot of each draft token)")
+    elif state is None:
+        raise ValueError(f"{op}: ssm_state_indices needs initial_state (the pool of states [P, ...] it indexes)")
+    if state is not None:
+        if not isinstance(state, torch.Tensor) or state.dim() != 4:
+            raise ValueError(f"{op}: initial_state must be a 4-d tensor {layout}, got "
+                             f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
+        if tuple(state.shape[1:]) != inner:
+            raise ValueError(f"{op}: initial_state must have shape {layout} = [P, {', '.join(map(str, inner))}], "
+                             f"got {tuple(state.shape)}")
+        allowed = (torch.float32, torch.float64) if dtype == torch.float64 and not inplace else (torch.float32,)
+        if state.dtype not in allowed:
+            raise ValueError(f"{op}: initial_state must be float32{' (it is updated in place)' if inplace else ''}, "
+                             f"got {str(state.dtype).replace('torch.', '')}")
+        if ssm_state_indices is None and state.shape[0] != N:
+            raise ValueError(f"{op}: initial_state must hold one state per sequence, N={N}, got {state.shape[0]} "
+                             "(pass ssm_state_indices to index a pool of states)")
+        if inplace and not slot_contiguous(state):
+            raise ValueError(f"{op}: initial_state must be contiguous within each state (strides "
+                             f"{tuple(state.stride())}) to be updated in place with inplace_final_state=True")
+    if ssm_state_indices is None:
+        return None
+    idx = ssm_state_indices
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int32, torch.int64) or idx.dim() not in (1, 2):
+        raise ValueError(f"{op}: ssm_state_indices must be an int32/int64 tensor [N] or [N, S], got "
+                         f"{(idx.dtype, tuple(idx.shape)) if isinstance(idx, torch.Tensor) else type(idx).__name__}")
+    if idx.device != state.device:
+        raise ValueError(f"{op}: ssm_state_indices must be on {state.device} like initial_state, got {idx.device}")
+    if idx.shape[0] != N:
+        raise ValueError(f"{op}: ssm_state_indices must have N={N} rows (one per sequence), got {tuple(idx.shape)}")
+    idx = idx.view(N, 1) if idx.dim() == 1 else idx
+    if idx.shape[1] < 1:
+        raise ValueError(f"{op}: ssm_state_indices [N, S] needs S >= 1, got {tuple(idx.shape)}")
+    if idx.stride(1) != 1:
+        idx = idx.contiguous()
+    acc = num_accepted_tokens
+    if acc is not None:
+        if not isinstance(acc, torch.Tensor) or acc.dtype not in (torch.int32, torch.int64) or acc.shape != (N,):
+            got = (acc.dtype, tuple(acc.shape)) if isinstance(acc, torch.Tensor) else type(acc).__name__
+            raise ValueError(f"{op}: num_accepted_tokens must be an int32/int64 tensor [N={N}], got {got}")
+        if acc.device != state.device:
+            raise ValueError(f"{op}: num_accepted_tokens must be on {state.device}, got {acc.device}")
+    if check_indices and not _capturing(state.device):
+        P = state.shape[0]
+        hi = int(idx.max()) if idx.numel() else -1
+        if hi >= P:
+            raise ValueError(f"{op}: ssm_state_indices holds slot {hi}, outside the pool of P={P} states "
+                             "(initial_state.shape[0]); negative slots mark skipped rows")
+        if acc is not None and acc.numel():
+            lo_a, hi_a = int(acc.min()), int(acc.max())
+            if lo_a < 1 or hi_a > idx.shape[1]:
+                raise ValueError(f"{op}: num_accepted_tokens must be in [1, S={idx.shape[1]}], got values in "
+                                 f"[{lo_a}, {hi_a}]")
+    return idx
+
+
+def check_out(op: str, out: torch.Tensor | None, v: torch.Tensor) -> None:
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{op}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != v.shape or out.dtype != v.dtype or out.device != v.device or not out.is_contiguous():
+        raise ValueError(f"{op}: out must be a contiguous {str(v.dtype).replace('torch.', '')} tensor of shape "
+                         f"{tuple(v.shape)} on {v.device} (like v), got {str(out.dtype).replace('torch.', '')} "
+                         f"{tuple(out.shape)} on {out.device}{'' if out.is_contiguous() else ', not contiguous'}")

@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import torch
 
+from lamina._validate import check_same_device
 from lamina.ops.delta_rule_core import (
     DEFAULT_CHUNK_SIZE,
+    KERNEL_DTYPES,
     beta_activation,
     check_flag_args,
     check_gate_params,
@@ -94,6 +96,7 @@ def _run(
     state_v_first: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
     gk: torch.Tensor | None = None,
+    decode: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Validate, transform and dispatch.
 
@@ -122,8 +125,23 @@ def _run(
     else:
         gates["b"] = (b, (*lead, K))
         gates["w"] = (w, (*lead, V))
-    validate_inputs(op, q, k, v, gates, initial_state, cu_seqlens, chunk_size, cu_seqlens_cpu=cu_seqlens_cpu,
-                    state_v_first=state_v_first)
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, b, w, gk, initial_state, A_log, dt_bias))
+    if decode is not None and decode["used"] and needs_grad:
+        raise ValueError(f"{op}: inplace_final_state, ssm_state_indices, num_accepted_tokens and out are for "
+                         "inference; run under torch.no_grad() or pass tensors that do not require grad")
+    pool = decode is not None and decode["ssm_state_indices"] is not None
+    N = validate_inputs(op, q, k, v, gates, None if pool else initial_state, cu_seqlens, chunk_size,
+                        cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+    if recurrent and not needs_grad:
+        if use_gate_in_kernel:
+            if g is None:
+                raise ValueError(f"{op}: g (the raw gate input) is required with use_gate_in_kernel=True")
+            check_gate_params(HV, None if g_kind == _SCALAR else K, A_log, dt_bias, need_A_log=lower_bound is None)
+        return _decode(op, q, k, v, g, b, w, gk, gate_kind, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, cu_seqlens, backend, use_gate_in_kernel, A_log, dt_bias,
+                       use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, N,
+                       decode or _decode_keywords())
     if use_gate_in_kernel:
         if g is None:
             raise ValueError(f"{op}: g (the raw gate input) is required with use_gate_in_kernel=True")
@@ -149,6 +167,73 @@ def _run(
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return o, ht
+
+
+def _decode_keywords(inplace_final_state: bool = False, ssm_state_indices: torch.Tensor | None = None,
+                     num_accepted_tokens: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                     check_indices: bool = True) -> dict:
+    return {"inplace_final_state": bool(inplace_final_state), "ssm_state_indices": ssm_state_indices,
+            "num_accepted_tokens": num_accepted_tokens, "out": out, "check_indices": bool(check_indices),
+            "used": bool(inplace_final_state) or any(x is not None for x in (ssm_state_indices, num_accepted_tokens,
+                                                                              out))}
+
+
+def _decode(op, q, k, v, g, b, w, gk, gate_kind, scale, initial_state, output_final_state, l2norm, cu_seqlens,
+            backend, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound,
+            state_v_first, N, kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused decode step (forward only): transforms in the kernel, states updated in place on request."""
+    from lamina.ops import delta_decode as dd
+
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    inplace = kw["inplace_final_state"]
+    check_same_device(q=q, initial_state=initial_state)
+    idx = dd.check_pool(op, initial_state, N, HV, K, V, state_v_first, kw["ssm_state_indices"],
+                        kw["num_accepted_tokens"], inplace, kw["check_indices"], q.dtype)
+    dd.check_out(op, kw["out"], v)
+    path = dd.resolve_backend(op, backend, q.device)
+    if path != "torch" and (q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES):
+        raise ValueError(f"{op}: the decode kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
+                         "use backend='torch' for float64")
+    gate_act = dd.GATE_NONE
+    if use_gate_in_kernel:
+        gate_act = dd.GATE_LOWER_BOUND if lower_bound is not None else dd.GATE_SOFTPLUS
+    if gk is not None:  # one per-channel log decay g + gk, activated here (fla: exp(g) then exp(gk))
+        if g is not None:
+            if use_gate_in_kernel:
+                g = gate_activation(g, A_log, dt_bias, lower_bound)
+            acc = torch.promote_types(torch.promote_types(g.dtype, gk.dtype), torch.float32)
+            gk = g.to(acc)[..., None] + gk.to(acc)
+        g, gate_act = gk, dd.GATE_NONE
+    if gate_act == dd.GATE_NONE:
+        A_log = dt_bias = None
+    else:
+        A_log = None if A_log is None else A_log.reshape(-1).contiguous()
+        dt_bias = None if dt_bias is None else dt_bias.reshape(-1).contiguous()
+    beta_act = dd.BETA_NONE
+    if gate_kind == _SCALAR:
+        if b is None:
+            b = q.new_ones(B, T, HV)
+        if use_beta_sigmoid_in_kernel:
+            beta_act = dd.BETA_SIGMOID2 if allow_neg_eigval else dd.BETA_SIGMOID
+        w = None
+    state = initial_state
+    if state is not None and not dd.slot_contiguous(state):  # read only (inplace needs it contiguous)
+        state = state.contiguous()
+    final = None
+    if output_final_state and not inplace:
+        shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        final = q.new_empty(shape, dtype=torch.float64 if (q.dtype == torch.float64 and path == "torch")
+                            else torch.float32)
+    o = dd.decode_step(q, k, v, g, b, w, scale=K ** -0.5 if scale is None else scale, A_log=A_log, dt_bias=dt_bias,
+                       state=state, state_indices=idx, num_accepted_tokens=kw["num_accepted_tokens"],
+                       cu_seqlens=cu_seqlens, out=kw["out"], final_state=final,
+                       lower_bound=0.0 if lower_bound is None else lower_bound, gate_act=gate_act,
+                       beta_act=beta_act, l2norm=l2norm, state_v_first=state_v_first, inplace=inplace,
+                       backend=path)
+    if inplace:
+        return o, (initial_state if output_final_state else None)
+    return o, final
 
 
 def _kda_gate_checks(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None) -> None:
@@ -376,13 +461,19 @@ def fused_recurrent_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     *,
+    inplace_final_state: bool = False,
+    ssm_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check_indices: bool = True,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token ``chunk_delta_rule`` (decoding). ``beta: [B, T, HV]``, or None for ones (fla's default)."""
     return _run("fused_recurrent_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR,
                 scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, recurrent=True,
-                backend=backend)
+                backend=backend, decode=_decode_keywords(inplace_final_state, ssm_state_indices,
+                                                         num_accepted_tokens, out, check_indices))
 
 
 def fused_recurrent_gated_delta_rule(
@@ -405,6 +496,11 @@ def fused_recurrent_gated_delta_rule(
     state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     *,
+    inplace_final_state: bool = False,
+    ssm_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -428,7 +524,9 @@ def fused_recurrent_gated_delta_rule(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
-                cu_seqlens=cu_seqlens, recurrent=True, backend=backend)
+                cu_seqlens=cu_seqlens, recurrent=True, backend=backend,
+                decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
+                                        check_indices))
 
 
 def fused_recurrent_kda(
@@ -451,6 +549,11 @@ def fused_recurrent_kda(
     cu_seqlens: torch.Tensor | None = None,
     *,
     safe_gate: bool = False,
+    inplace_final_state: bool = False,
+    ssm_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -467,7 +570,9 @@ def fused_recurrent_kda(
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                recurrent=True, backend=backend)
+                recurrent=True, backend=backend,
+                decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
+                                        check_indices))
 
 
 def fused_recurrent_gdn2(
@@ -489,6 +594,11 @@ def fused_recurrent_gdn2(
     cu_seqlens: torch.Tensor | None = None,
     *,
     safe_gate: bool = False,
+    inplace_final_state: bool = False,
+    ssm_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -505,7 +615,9 @@ def fused_recurrent_gdn2(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                recurrent=True, backend=backend)
+                recurrent=True, backend=backend,
+                decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
+                                        check_indices))
 
 
 for _fn in (chunk_delta_rule, chunk_gated_delta_rule, chunk_kda, chunk_gdn2, fused_recurrent_delta_rule,
