@@ -38,7 +38,7 @@ def _right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if attention_mask is None:
         mask = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
     else:
-        check_tensor("attention_mask", attention_mask, ndim=2)
+        check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
         if tuple(attention_mask.shape) != (B, T):
             raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got "
                              f"{tuple(attention_mask.shape)}")

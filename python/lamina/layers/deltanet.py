@@ -105,7 +105,7 @@ class DeltaNet(FlaDeltaLayer):
     def _choose_mode(self, q_len: int) -> str:
         return "fused_recurrent" if q_len <= FUSED_RECURRENT_MAX_T else self.mode
 
-    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
+    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens, **decode):
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
         elif self.qk_activation == "elu":
@@ -118,5 +118,5 @@ class DeltaNet(FlaDeltaLayer):
             beta = beta * 2.0
         op = ops.chunk_delta_rule if mode == "chunk" else ops.fused_recurrent_delta_rule
         return op(q, k, v, beta, initial_state=state, output_final_state=use_cache, cu_seqlens=cu_seqlens,
-                  use_qk_l2norm_in_kernel=self.qk_norm == "l2")
+                  use_qk_l2norm_in_kernel=self.qk_norm == "l2", **decode)
 

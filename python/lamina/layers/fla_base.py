@@ -183,8 +183,16 @@ class FlaDeltaLayer(nn.Module):
         v = rearrange(v, "... (h d) -> ... h d", d=self.head_v_dim)
         return q, k, v, conv_state
 
+    @staticmethod
+    def _decode_keywords(state: torch.Tensor | None, mode: str, use_cache: bool) -> dict[str, bool]:
+        """Decoding without autograd updates the cached state in place (no new state per token)."""
+        inplace = (mode == "fused_recurrent" and use_cache and state is not None and not torch.is_grad_enabled()
+                   and state.dtype == torch.float32 and state[0].is_contiguous())
+        return {"inplace_final_state": True} if inplace else {}
+
     def _mix(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             state: torch.Tensor | None, mode: str, use_cache: bool, cu_seqlens: torch.Tensor | None):
+             state: torch.Tensor | None, mode: str, use_cache: bool, cu_seqlens: torch.Tensor | None,
+             **decode: bool):
         raise NotImplementedError
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +242,8 @@ class FlaDeltaLayer(nn.Module):
             cu_seqlens = where.cu_seqlens
         q, k, v, conv_state = self._qkv(x, entry, bool(use_cache), cu_seqlens)
         state = entry.get("recurrent_state") if entry is not None else None
-        o, state = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens)
+        o, state = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens,
+                             **self._decode_keywords(state, mode, bool(use_cache)))
         if past_key_values is not None:
             past_key_values.update(recurrent_state=state, conv_state=conv_state if self.use_short_conv else None,
                                    layer_idx=self.layer_idx, offset=q_len)

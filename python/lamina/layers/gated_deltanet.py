@@ -79,10 +79,10 @@ class GatedDeltaNet(FlaDeltaLayer):
             self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps, dtype=torch.float32)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
 
-    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
+    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens, **decode):
         op = ops.chunk_gated_delta_rule if mode == "chunk" else ops.fused_recurrent_gated_delta_rule
         return op(q, k, v, g=self.a_proj(x), beta=self.b_proj(x), initial_state=state, output_final_state=use_cache,
                   use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                   allow_neg_eigval=self.allow_neg_eigval, state_v_first=True, cu_seqlens=cu_seqlens,
-                  use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias)
+                  use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias, **decode)
 

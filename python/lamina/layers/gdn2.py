@@ -62,7 +62,7 @@ class GatedDeltaNet2(FlaDeltaLayer):
         self.dt_bias = no_weight_decay(nn.Parameter(init_dt_bias(self.key_dim)))
         self._make_low_rank_output_gate(norm_eps)
 
-    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
+    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens, **decode):
         per_key = "... (h d) -> ... h d"
         g = rearrange(F.softplus(self.f_proj(x).float() + self.dt_bias), per_key, d=self.head_k_dim)
         g = -self.A_log.float().exp().unsqueeze(-1) * g
@@ -75,5 +75,5 @@ class GatedDeltaNet2(FlaDeltaLayer):
             b = b * 2.0
         op = ops.chunk_gdn2 if mode == "chunk" else ops.fused_recurrent_gdn2
         return op(q, k, v, g, b, w, initial_state=state, output_final_state=use_cache, use_qk_l2norm_in_kernel=True,
-                  cu_seqlens=cu_seqlens)
+                  cu_seqlens=cu_seqlens, **decode)
 

@@ -70,7 +70,7 @@ class KimiDeltaAttention(FlaDeltaLayer):
         self.dt_bias = no_weight_decay(nn.Parameter(init_dt_bias(self.gate_dim)))
         self._make_low_rank_output_gate(norm_eps)
 
-    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens):
+    def _mix(self, x, q, k, v, state, mode, use_cache, cu_seqlens, **decode):
         g = rearrange(self.f_proj(x), "... (h d) -> ... h d", d=self.head_k_dim)
         common = dict(initial_state=state, output_final_state=use_cache, use_qk_l2norm_in_kernel=True,
                       use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval,
@@ -78,5 +78,5 @@ class KimiDeltaAttention(FlaDeltaLayer):
                       A_log=self.A_log, dt_bias=self.dt_bias)
         if mode == "chunk":
             return ops.chunk_kda(q, k, v, g, self.b_proj(x), safe_gate=self.safe_gate, **common)
-        return ops.fused_recurrent_kda(q, k, v, g, self.b_proj(x), **common)
+        return ops.fused_recurrent_kda(q, k, v, g, self.b_proj(x), **common, **decode)
 
