@@ -85,14 +85,15 @@ class AttentionCache:
     """What one block application sees of the decoding cache during one ``HRMLM.decode`` call.
 
     k, v: ``[B, S, H, Dh]`` buffers of this application (``S`` the cache's ``max_length``), written
-    in place; start: ``[B]`` int64, the tokens row b held before this call (its new token t goes
-    to position ``start[b] + t``); span: ``max(start) + T``, the positions this call may read.
+    in place; positions: ``[B, T]`` int64, where row b's new tokens go; visible: ``[B, 1, T, span]``
+    bool, whether query t of row b reads key position s (``s <= positions[b, t]``: causal per row),
+    ``span = max(positions) + 1``. positions and visible are the same for every application.
     """
 
     k: torch.Tensor
     v: torch.Tensor
-    start: torch.Tensor
-    span: int
+    positions: torch.Tensor
+    visible: torch.Tensor
 
 
 class CausalBlock(nn.Module):
@@ -111,7 +112,7 @@ class CausalBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, cache: AttentionCache | None = None) -> torch.Tensor:
-        """x: [B, T, D]. With ``cache`` the T tokens of row b follow the ``cache.start[b]`` tokens
+        """x: [B, T, D]. With ``cache`` row b's T tokens take ``cache.positions[b]`` after the tokens
         whose keys and values the cache holds; theirs are written into it."""
         q, k, v = rearrange(self.qkv(self.norm1(x)), "b t (three h d) -> three b h t d", three=3, h=self.n_heads)
         if cache is None:
@@ -124,15 +125,12 @@ class CausalBlock(nn.Module):
     @staticmethod
     def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
         """q, k, v: [B, H, T, Dh] of the new tokens -> attention output [B, H, T, Dh]."""
-        B, _, T, _ = q.shape
-        positions = cache.start[:, None] + torch.arange(T, device=q.device)  # [B, T]
-        rows = torch.arange(B, device=q.device)[:, None]
-        cache.k[rows, positions] = rearrange(k, "b h t d -> b t h d").to(cache.k.dtype)
-        cache.v[rows, positions] = rearrange(v, "b h t d -> b t h d").to(cache.v.dtype)
-        keys, values = (rearrange(t[:, :cache.span], "b s h d -> b h s d").to(q.dtype) for t in (cache.k, cache.v))
-        # query t of row b sees the row's keys up to its own position (causal, per row)
-        visible = torch.arange(cache.span, device=q.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None])
+        rows = torch.arange(q.shape[0], device=q.device)[:, None]
+        cache.k[rows, cache.positions] = rearrange(k, "b h t d -> b t h d").to(cache.k.dtype)
+        cache.v[rows, cache.positions] = rearrange(v, "b h t d -> b t h d").to(cache.v.dtype)
+        span = cache.visible.shape[-1]
+        keys, values = (rearrange(t[:, :span], "b s h d -> b h s d").to(q.dtype) for t in (cache.k, cache.v))
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=cache.visible)
 
 
 def default_block(config: HRMLMConfig) -> nn.Module:
@@ -266,8 +264,10 @@ class HRMLM(nn.Module):
         if longest > cache.max_length:
             raise ValueError(f"the cache holds at most {cache.max_length} tokens per row: a row holding "
                              f"{longest - T} tokens cannot take {T} more")
-        x = self._encode(input_ids, start[:, None] + torch.arange(T, device=input_ids.device))
-        entries = [AttentionCache(k, v, start, longest) for k, v in zip(cache.keys, cache.values)]
+        positions = start[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
+        visible = torch.arange(longest, device=input_ids.device)[None, None, :] <= positions[:, :, None]
+        x = self._encode(input_ids, positions)
+        entries = [AttentionCache(k, v, positions, visible[:, None]) for k, v in zip(cache.keys, cache.values)]
         out = self.core(x, cache=entries)[-1]
         cache.lengths = start + counts
         return self._head(out)
