@@ -269,6 +269,15 @@ def test_hrm_lm_decode_refuses_bad_input():
     with pytest.raises(TypeError, match=match):
         plain.new_cache(2, 8)
 
+    class KeywordsBlock(PlainBlock):  # a forward taking **kwargs may take cache=: accepted
+        def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    keywords = HRMLM(HRMLMConfig(vocab_size=VOCAB, d_model=D, n_heads=2, max_seq_len=32, backend="torch"),
+                     block_factory=lambda cfg: KeywordsBlock())
+    assert keywords.generate(ids, 2).shape == (2, 2)
+
     model = hrm()
     cache = model.new_cache(2, 4)
     with pytest.raises(TypeError, match="cache must be an HRMLMCache"):
@@ -284,7 +293,7 @@ def test_hrm_lm_decode_refuses_bad_input():
     model.decode(ids, cache, attention_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]))
     assert cache.lengths.tolist() == [3, 1]
     model.decode(ids[:, :1], cache)
-    with pytest.raises(ValueError, match="holds at most 4 tokens per row: a row holding 4 tokens cannot take 1 more"):
+    with pytest.raises(ValueError, match="holds at most 4 tokens per row: after 4 tokens it cannot take 1 more"):
         model.decode(ids[:, :1], cache)
     with pytest.raises(ValueError, match="max_length must be an int >= 1, got 0"):
         model.new_cache(2, 0)

@@ -87,7 +87,7 @@ class AttentionCache:
     k, v: ``[B, S, H, Dh]`` buffers of this application (``S`` the cache's ``max_length``), written
     in place; positions: ``[B, T]`` int64, where row b's new tokens go; visible: ``[B, 1, T, span]``
     bool, whether query t of row b reads key position s (``s <= positions[b, t]``: causal per row),
-    ``span = max(positions) + 1``. positions and visible are the same for every application.
+    ``span > max(positions)``. positions and visible are the same for every application.
     """
 
     k: torch.Tensor
@@ -149,11 +149,14 @@ class HRMLMCache:
     """Decoding cache of an ``HRMLM`` (from ``new_cache``).
 
     keys, values: one ``[B, max_length, H, Dh]`` buffer each per block application (in the order of
-    ``HRMCore.block_schedule()``); lengths: ``[B]`` int64, the tokens each row holds.
+    ``HRMCore.block_schedule()``); lengths: ``[B]`` int64, the tokens each row holds; bound: a
+    host-side upper bound of ``max(lengths)`` (the tokens given so far), so that a decoding step
+    needs no device-to-host copy to know how many key positions it reads.
     """
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor) -> None:
         self.keys, self.values, self.lengths = keys, values, lengths
+        self.bound = 0
 
     @property
     def batch_size(self) -> int:
@@ -216,7 +219,9 @@ class HRMLM(nn.Module):
     def _check_decodable(self) -> None:
         for name in ("fast_block", "slow_block"):
             block = getattr(self.core, name)
-            if block is not None and "cache" not in inspect.signature(block.forward).parameters:
+            params = inspect.signature(block.forward).parameters.values() if block is not None else ()
+            takes_cache = any(p.name == "cache" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+            if block is not None and not takes_cache:
                 raise TypeError(f"block {name} ({type(block).__name__}) does not support decoding with a cache: "
                                 "its forward takes no cache= argument (HRMLM.decode passes each block "
                                 "application an AttentionCache)")
@@ -259,17 +264,17 @@ class HRMLM(nn.Module):
         if cache.keys[0].device != input_ids.device:
             raise ValueError(f"input_ids must be on the cache's device {cache.keys[0].device}, got {input_ids.device}")
         counts = self._row_counts(attention_mask, B, T, input_ids.device)
-        start = cache.lengths
-        longest = int(start.max()) + T
-        if longest > cache.max_length:
-            raise ValueError(f"the cache holds at most {cache.max_length} tokens per row: a row holding "
-                             f"{longest - T} tokens cannot take {T} more")
-        positions = start[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
-        visible = torch.arange(longest, device=input_ids.device)[None, None, :] <= positions[:, :, None]
+        span = cache.bound + T  # every row's new tokens lie below it (its padding too)
+        if span > cache.max_length:
+            raise ValueError(f"the cache holds at most {cache.max_length} tokens per row: after {cache.bound} "
+                             f"tokens it cannot take {T} more")
+        positions = cache.lengths[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
+        visible = torch.arange(span, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         x = self._encode(input_ids, positions)
         entries = [AttentionCache(k, v, positions, visible[:, None]) for k, v in zip(cache.keys, cache.values)]
         out = self.core(x, cache=entries)[-1]
-        cache.lengths = start + counts
+        cache.lengths = cache.lengths + counts
+        cache.bound = span
         return self._head(out)
 
     @staticmethod
