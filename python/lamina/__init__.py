@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "fused_recurrent_gdn2": "lamina.ops.delta_rule",
     # Prism attention
     "prism_attention": "lamina.ops.prism_attention",
+    "prism_attention_with_kvcache": "lamina.ops.prism_decode",
     "PrismSchedule": "lamina.schedule",
     # HRM
     "hrm_gated_update": "lamina.ops.hrm_update",
