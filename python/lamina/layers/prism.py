@@ -24,7 +24,7 @@ from torch import nn
 
 from lamina._dispatch import BACKENDS
 from lamina._validate import check_cu_seqlens, check_tensor
-from lamina.layers.rotary import RotaryEmbedding
+from lamina.layers.rotary import RotaryEmbedding, apply_rotary
 from lamina.schedule import PrismSchedule
 
 NORMS = ("layernorm", "rmsnorm")
@@ -35,6 +35,12 @@ def _attention_op() -> Callable[..., torch.Tensor]:
     from lamina.ops.prism_attention import prism_attention
 
     return prism_attention
+
+
+def _kvcache_op() -> Callable[..., torch.Tensor]:
+    from lamina.ops.prism_decode import prism_attention_with_kvcache
+
+    return prism_attention_with_kvcache
 
 
 def _check_int(name: str, value: object, minimum: int = 1) -> int:
@@ -55,46 +61,169 @@ def _max_seqlen(cu_seqlens: torch.Tensor) -> int:
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
-class KVCache:
-    """Keys and values of the tokens one attention layer has seen: ``k, v: [B, S, HKV, D]``.
+# A cache created without max_length allocates this many positions per sequence at a time: on a
+# step that does not fit it grows to the next multiple (at least doubling), copying its contents.
+GROWTH_GRANULE = 64
 
-    ``update`` appends the new tokens' keys and values (concatenation along S) and returns
-    the full ones. The cache is updated in place, so the module's output type does not
-    change when decoding.
+
+class KVCache:
+    """Keys and values of one attention layer, preallocated and written in place by the attention op.
+
+    Holds ``k_cache, v_cache``: ``[B, capacity, HKV, D]``, or with ``block_size`` the paged pool
+    ``[B * blocks_per_seq, block_size, HKV, D]`` with ``block_table [B, blocks_per_seq]`` int32
+    (block ``i`` of sequence ``b`` is block ``i * B + b``), and ``cache_seqlens [B]`` int32, the
+    tokens each sequence holds. ``lamina.prism_attention_with_kvcache`` writes new keys at
+    ``cache_seqlens[b] ..``; ``advance`` then moves the lengths (``PrismAttention`` does both).
+
+    Args:
+        batch_size, n_kv_heads, head_dim, dtype, device: the cache's geometry; each one not given
+            is taken from the first keys written (the cache is then allocated on that first use).
+        max_length: tokens per sequence the cache holds. None: the cache starts at the first
+            step's length rounded up to ``GROWTH_GRANULE`` and grows (a copy) when a step does not
+            fit; give it to allocate once (needed to capture decoding in a CUDA graph).
+        block_size: page size of a paged cache; None: contiguous.
     """
 
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("max_length", max_length), ("n_kv_heads", n_kv_heads),
+                            ("head_dim", head_dim), ("block_size", block_size)):
+            if value is not None:
+                _check_int(name, value)
+        self.batch_size, self.max_length, self.block_size = batch_size, max_length, block_size
+        self.n_kv_heads, self.head_dim, self.dtype = n_kv_heads, head_dim, dtype
+        self.device = None if device is None else torch.device(device)
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+        self.block_table: torch.Tensor | None = None
+        self.cache_seqlens: torch.Tensor | None = None
+        self.capacity = 0
+        self._longest = 0  # host copy of cache_seqlens.max(), so that a step needs no device read
+        if None not in (batch_size, max_length, n_kv_heads, head_dim):
+            self._allocate(max_length)
 
     @property
     def seq_len(self) -> int:
-        """Number of tokens held, S."""
-        return 0 if self.k is None else self.k.shape[1]
+        """Tokens held by the longest sequence."""
+        return self._longest
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k, v: [B, T, HKV, D]`` and return the cached ``[B, S + T, HKV, D]`` pair."""
-        if self.k is None:
-            self.k, self.v = k, v
+    @property
+    def k(self) -> torch.Tensor | None:
+        """The keys held, ``[B, seq_len, HKV, D]`` (positions past a shorter sequence's length are
+        unspecified); None before the first update."""
+        return self._held(self.k_cache)
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        """The values held, as ``k``."""
+        return self._held(self.v_cache)
+
+    def _held(self, pool: torch.Tensor | None) -> torch.Tensor | None:
+        if pool is None:
+            return None
+        if self.block_table is None:
+            return pool[:, : self._longest]
+        pos = torch.arange(self._longest, device=pool.device)
+        return pool[self.block_table.long()[:, pos // self.block_size], pos % self.block_size]
+
+    def _allocate(self, capacity: int) -> None:
+        """Allocate (or grow to) ``capacity`` positions per sequence, keeping what is held."""
+        B, shape = self.batch_size, (self.n_kv_heads, self.head_dim)
+        factory = dict(dtype=self.dtype or torch.get_default_dtype(), device=self.device)
+        old_k, old_v = self.k_cache, self.v_cache
+        if self.block_size is None:
+            self.k_cache = torch.zeros((B, capacity, *shape), **factory)
+            self.v_cache = torch.zeros((B, capacity, *shape), **factory)
+            if old_k is not None:
+                self.k_cache[:, : self.capacity] = old_k
+                self.v_cache[:, : self.capacity] = old_v
         else:
-            if k.shape[0] != self.k.shape[0] or k.shape[2:] != self.k.shape[2:]:
-                raise ValueError(
-                    f"cache holds keys of shape [B, S, HKV, D] = {tuple(self.k.shape)}, "
-                    f"cannot append keys of shape {tuple(k.shape)}"
-                )
-            self.k = torch.cat((self.k, k), dim=1)
-            self.v = torch.cat((self.v, v), dim=1)
-        return self.k, self.v
+            blocks = -(-capacity // self.block_size)
+            capacity = blocks * self.block_size
+            # block ids i * B + b: growing appends blocks at the end and keeps every id in place
+            added = (B * blocks - (0 if old_k is None else old_k.shape[0]), self.block_size, *shape)
+            fresh_k, fresh_v = torch.zeros(added, **factory), torch.zeros(added, **factory)
+            self.k_cache = fresh_k if old_k is None else torch.cat((old_k, fresh_k))
+            self.v_cache = fresh_v if old_v is None else torch.cat((old_v, fresh_v))
+            ids = torch.arange(blocks, device=self.device)[None, :] * B + torch.arange(B, device=self.device)[:, None]
+            self.block_table = ids.to(torch.int32)
+        if self.cache_seqlens is None:
+            self.cache_seqlens = torch.zeros(B, dtype=torch.int32, device=self.device)
+        self.capacity = capacity
+
+    def prepare(self, k: torch.Tensor) -> None:
+        """Make room for the new keys ``k: [B, T, HKV, D]``: allocate on first use, grow a cache without
+        ``max_length``, or raise ValueError when they do not fit."""
+        B, T, n_kv_heads, head_dim = k.shape
+        if self.k_cache is None:
+            self.batch_size = self.batch_size or B
+            self.n_kv_heads = self.n_kv_heads or n_kv_heads
+            self.head_dim = self.head_dim or head_dim
+            self.dtype = self.dtype or k.dtype
+            self.device = self.device or k.device
+            if self.max_length is None:
+                self._allocate(-(-T // GROWTH_GRANULE) * GROWTH_GRANULE)
+            else:
+                self._allocate(self.max_length)
+        held = (self.batch_size, self.capacity, self.n_kv_heads, self.head_dim)
+        if (B, n_kv_heads, head_dim) != (self.batch_size, self.n_kv_heads, self.head_dim):
+            raise ValueError(f"cache holds keys of shape [B, S, HKV, D] = {held}, cannot append keys of shape "
+                             f"{tuple(k.shape)}")
+        if k.dtype != self.k_cache.dtype or k.device != self.k_cache.device:
+            raise ValueError(f"cache holds {self.k_cache.dtype} keys on {self.k_cache.device}, cannot append "
+                             f"{k.dtype} keys on {k.device}")
+        need = self._longest + T
+        if self.max_length is not None and need > self.max_length:
+            raise ValueError(f"cache holds at most max_length={self.max_length} tokens per sequence, cannot "
+                             f"append {T} to a sequence of {self._longest}")
+        if need > self.capacity:
+            self._allocate(max(2 * self.capacity, -(-need // GROWTH_GRANULE) * GROWTH_GRANULE))
+
+    def positions(self, seq_len: int) -> torch.Tensor:
+        """Positions ``[B, T]`` of ``seq_len`` new tokens: ``cache_seqlens[b] + t``."""
+        return self.cache_seqlens.long()[:, None] + torch.arange(seq_len, device=self.cache_seqlens.device)
+
+    def advance(self, tokens: int | torch.Tensor) -> None:
+        """Count ``tokens`` more (an int, or ``[B]`` per sequence) after they were written."""
+        self.cache_seqlens += tokens
+        self._longest = self._longest + tokens if isinstance(tokens, int) else int(self.cache_seqlens.max())
 
     def reset(self) -> None:
-        self.k = self.v = None
+        """Forget every token (the memory stays allocated)."""
+        if self.cache_seqlens is not None:
+            self.cache_seqlens.zero_()
+        self._longest = 0
 
 
 class PrismCache:
-    """One ``KVCache`` per layer of a ``PrismDecoder``; ``layers[l]`` belongs to block ``l``."""
+    """One ``KVCache`` per layer of a ``PrismDecoder``; ``layers[l]`` belongs to block ``l``.
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [KVCache() for _ in range(n_layers)]
+    ``geometry``: per layer ``(n_kv_heads, head_dim)``; with ``batch_size`` and ``max_length`` the
+    layers are allocated now (``dtype``, ``device``), otherwise on first use. ``block_size``: paged.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        geometry: list[tuple[int, int]] | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        geometry = geometry or [(None, None)] * n_layers
+        if len(geometry) != n_layers:
+            raise ValueError(f"geometry must give (n_kv_heads, head_dim) for {n_layers} layers, got {len(geometry)}")
+        self.layers = [KVCache(batch_size, max_length, hkv, d, dtype, device, block_size) for hkv, d in geometry]
 
     @property
     def seq_len(self) -> int:
@@ -103,6 +232,24 @@ class PrismCache:
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
+
+
+def _kept_tokens(attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> int | torch.Tensor:
+    """Tokens each row keeps in the cache: T, or ``attention_mask.sum(1)`` checked to be a prefix of ones."""
+    if attention_mask is None:
+        return T
+    check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
+    if tuple(attention_mask.shape) != (B, T):
+        raise ValueError(f"attention_mask must have shape [B, T] = {(B, T)}, got {tuple(attention_mask.shape)}")
+    if attention_mask.device != device:
+        raise ValueError(f"attention_mask must be on {device}, got {attention_mask.device}")
+    if not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    mask = attention_mask.bool()
+    counts = mask.sum(1)
+    if not torch.equal(mask, torch.arange(T, device=device)[None, :] < counts[:, None]):
+        raise ValueError("attention_mask must have the ones first in every row (right padding) when decoding")
+    return counts.to(torch.int32)
 
 
 class PrismAttention(nn.Module):
@@ -162,12 +309,17 @@ class PrismAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``[B, T, H, Dh]``, keys and values ``[B, T, HKV, Dh]`` of ``x: [B, T, d_model]``,
         with rotary embeddings at positions ``offset + t`` (or per sequence with ``cu_seqlens``)."""
+        q, k, v = self._qkv(x)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, offset=offset, cu_seqlens=cu_seqlens)
+        return q, k, v
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values before rotary embeddings."""
         q, k, v = self.qkv_proj(x).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
         q = rearrange(q, "b t (h d) -> b t h d", h=self.n_heads)
         k = rearrange(k, "b t (h d) -> b t h d", h=self.n_kv_heads)
         v = rearrange(v, "b t (h d) -> b t h d", h=self.n_kv_heads)
-        if self.rotary is not None:
-            q, k = self.rotary(q, k, offset=offset, cu_seqlens=cu_seqlens)
         return q, k, v
 
     def forward(
@@ -176,16 +328,22 @@ class PrismAttention(nn.Module):
         cache: KVCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
         causal: bool = True,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend ``x: [B, T, d_model]`` to itself and to the tokens in ``cache``.
 
         Args:
             x: ``[B, T, d_model]``.
-            cache: keys and values of earlier tokens; updated in place with this call's tokens.
-                The new tokens sit at positions ``cache.seq_len .. cache.seq_len + T - 1`` and,
-                when causal, token ``t`` sees every cached token and new tokens ``<= t``.
+            cache: keys and values of earlier tokens, written in place with this call's tokens
+                (``lamina.prism_attention_with_kvcache``; no gradient flows through a cached call).
+                Row ``b``'s new tokens sit at positions ``cache.cache_seqlens[b] + t`` (rotary
+                positions too) and, when causal, token ``t`` sees the row's cached tokens and new
+                tokens ``<= t``.
             cu_seqlens: ``[N + 1]`` offsets of sequences packed along T (B = 1); not with ``cache``.
             causal: mask future tokens.
+            attention_mask: with ``cache`` only: ``[B, T]`` 0/1 with the ones first in every row (right
+                padding); row ``b`` keeps its first ``attention_mask[b].sum()`` tokens in the cache
+                (the outputs at its padding are unspecified). None: every row keeps all T.
 
         Returns: ``[B, T, d_model]``.
         """
@@ -196,11 +354,12 @@ class PrismAttention(nn.Module):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
         if cache is not None and cu_seqlens is not None:
             raise ValueError("cache and cu_seqlens cannot be combined: decode packed sequences one batch row each")
+        if cache is None and attention_mask is not None:
+            raise ValueError("attention_mask needs a cache: it says how many tokens each row keeps in it")
         check_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
-        offset = 0 if cache is None else cache.seq_len
-        q, k, v = self.project(x, offset=offset, cu_seqlens=cu_seqlens)
         if cache is not None:
-            k, v = cache.update(k, v)
+            return self._forward_cached(x, cache, causal, attention_mask)
+        q, k, v = self.project(x, cu_seqlens=cu_seqlens)
         varlen = {}
         if cu_seqlens is not None:
             max_len = _max_seqlen(cu_seqlens)
@@ -208,6 +367,20 @@ class PrismAttention(nn.Module):
                 cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_len, max_seqlen_k=max_len
             )
         o = _attention_op()(q, k, v, causal=causal, backend=self.backend, **varlen)
+        return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
+
+    def _forward_cached(self, x: torch.Tensor, cache: KVCache, causal: bool,
+                        attention_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        kept = _kept_tokens(attention_mask, B, T, x.device)
+        q, k, v = self._qkv(x)
+        cache.prepare(k)
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(cache.positions(T), q.dtype)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = _kvcache_op()(q, cache.k_cache, cache.v_cache, k, v, cache_seqlens=cache.cache_seqlens,
+                          block_table=cache.block_table, causal=causal, backend=self.backend)
+        cache.advance(kept)
         return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
 
     def extra_repr(self) -> str:
@@ -272,10 +445,12 @@ class PrismBlock(nn.Module):
         cache: KVCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
         causal: bool = True,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x: [B, T, d_model]`` -> ``[B, T, d_model]``; ``cache``, ``cu_seqlens``, ``causal`` as in
-        ``PrismAttention.forward``."""
-        x = x + self.attn(self.attn_norm(x), cache=cache, cu_seqlens=cu_seqlens, causal=causal)
+        """``x: [B, T, d_model]`` -> ``[B, T, d_model]``; ``cache``, ``cu_seqlens``, ``causal``,
+        ``attention_mask`` as in ``PrismAttention.forward``."""
+        x = x + self.attn(self.attn_norm(x), cache=cache, cu_seqlens=cu_seqlens, causal=causal,
+                          attention_mask=attention_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -410,9 +585,21 @@ class PrismDecoder(nn.Module):
             nn.init.normal_(block.attn.out_proj.weight, 0.0, residual_std)
             nn.init.normal_(block.mlp[-1].weight, 0.0, residual_std)
 
-    def new_cache(self) -> PrismCache:
-        """An empty KV cache for incremental decoding with ``forward(..., cache=...)``."""
-        return PrismCache(len(self.blocks))
+    def new_cache(
+        self,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        block_size: int | None = None,
+    ) -> PrismCache:
+        """A KV cache for decoding with ``forward(..., cache=...)`` or ``decode``.
+
+        With ``batch_size`` and ``max_length`` (tokens per row, prompt included) every layer's cache
+        is allocated now in the parameters' dtype and device; otherwise on first use, growing when
+        ``max_length`` is None. ``block_size``: a paged cache (see ``KVCache``).
+        """
+        weight = self.embed.weight
+        geometry = [(block.attn.n_kv_heads, block.attn.head_dim) for block in self.blocks]
+        return PrismCache(len(self.blocks), batch_size, max_length, geometry, weight.dtype, weight.device, block_size)
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (a tied embedding counts once)."""
@@ -423,6 +610,7 @@ class PrismDecoder(nn.Module):
         input_ids: torch.Tensor,
         cache: PrismCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, T, vocab_size]`` for ``input_ids: [B, T]``.
 
@@ -431,6 +619,8 @@ class PrismDecoder(nn.Module):
             cache: from ``new_cache()``; updated in place. Decoding token by token with a cache
                 gives the logits of the full causal forward.
             cu_seqlens: ``[N + 1]`` offsets of sequences packed along T (B = 1); not with ``cache``.
+            attention_mask: with ``cache`` only: ``[B, T]`` right padding, row ``b`` keeps its first
+                ``attention_mask[b].sum()`` tokens (see ``PrismAttention.forward``).
         """
         check_tensor("input_ids", input_ids, ndim=2, dtypes=(torch.int32, torch.int64))
         if cache is not None:
@@ -441,5 +631,40 @@ class PrismDecoder(nn.Module):
         x = self.embed(input_ids)
         for layer, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[layer]
-            x = block(x, cache=layer_cache, cu_seqlens=cu_seqlens)
+            x = block(x, cache=layer_cache, cu_seqlens=cu_seqlens, attention_mask=attention_mask)
         return self.lm_head(self.final_norm(x))
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor, cache: PrismCache,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``lamina.generation`` protocol: run ``input_ids [B, T]`` after the tokens in ``cache`` and
+        append them; logits ``[B, T, vocab_size]``. ``attention_mask [B, T]``: right padding, row ``b``
+        keeps its first ``attention_mask[b].sum()`` tokens (its rotary positions follow its own length)."""
+        if not isinstance(cache, PrismCache):
+            raise TypeError(f"cache must be a PrismCache (from new_cache()), got {type(cache).__name__}")
+        return self.forward(input_ids, cache=cache, attention_mask=attention_mask)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_token_id: int | None = None,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """``lamina.generation.generate`` with this model: ``[B, max_new_tokens]`` new tokens after the
+        prompts ``input_ids [B, T]`` (``attention_mask [B, T]``: left or right padding); the sampling
+        arguments are ``generate``'s."""
+        from lamina import generation
+
+        return generation.generate(
+            self, input_ids, max_new_tokens, attention_mask=attention_mask, do_sample=do_sample,
+            temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, generator=generator,
+        )
