@@ -41,7 +41,7 @@ def _one_thread():
 
 @pytest.fixture
 def torch_path(monkeypatch):
-    """Run lamina's delta-rule ops on their PyTorch path (CPU without the Triton interpreter)."""
+    """Run lamina's ops on their PyTorch path (CPU without the Triton interpreter)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
@@ -301,7 +301,7 @@ def test_hrm_lm_decode_refuses_bad_input():
 
 # --- the throughput benchmark runs --------------------------------------------------------------
 
-def test_generation_bench_smoke():
+def test_generation_bench_smoke(torch_path):
     rows = run_generation_bench("cpu", [2], prompt_len=4, new_tokens=2)
     assert [(r["model"], r["batch_size"]) for r in rows] == [("hrm_lm", 2), ("prism", 2)]
     hrm_row = rows[0]
