@@ -218,6 +218,19 @@ def test_custom_op_schema_and_fake():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.interpret
+def test_compiles_fullgraph_and_writes_the_cache():
+    q, k_cache, v_cache, k, v, _ = _inputs(2, 1, 4, 2, 32, 16, torch.float32)
+    seqlens = torch.tensor([3, 9], dtype=torch.int32)
+    fn = lambda kc, vc: prism_attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens,  # noqa: E731
+                                                     causal=True, backend="triton")
+    compiled_k, compiled_v = k_cache.clone(), v_cache.clone()
+    o = torch.compile(fn, fullgraph=True, backend="aot_eager")(compiled_k, compiled_v)
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    assert torch.equal(o, fn(eager_k, eager_v))
+    assert torch.equal(compiled_k, eager_k) and torch.equal(compiled_v, eager_v)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -310,7 +323,7 @@ def test_attention_decoding_with_a_preallocated_cache(block_size):
     assert cache.k_cache is k_pool, "a preallocated cache is written in place, never reallocated"
     assert cache.seq_len == 11 and cache.cache_seqlens.tolist() == [11, 11]
     assert_close("decode vs full", steps, full, kind="elementwise")
-    with pytest.raises(ValueError, match="cache holds at most max_length=11 tokens per sequence, cannot append 1 to a sequence of 11"):
+    with pytest.raises(ValueError, match="max_length=11 tokens per sequence, cannot append 1 to a sequence of 11"):
         layer(x[:, :1], cache=cache)
 
 

@@ -76,8 +76,10 @@ class KVCache:
     ``cache_seqlens[b] ..``; ``advance`` then moves the lengths (``PrismAttention`` does both).
 
     Args:
-        batch_size, n_kv_heads, head_dim, dtype, device: the cache's geometry; each one not given
-            is taken from the first keys written (the cache is then allocated on that first use).
+        batch_size, n_kv_heads, head_dim, dtype, device: the cache's geometry. With batch_size,
+            max_length, n_kv_heads and head_dim all given the cache is allocated here (default
+            dtype ``torch.get_default_dtype()``, device CPU); otherwise on the first write, taking
+            what was not given from the keys written.
         max_length: tokens per sequence the cache holds. None: the cache starts at the first
             step's length rounded up to ``GROWTH_GRANULE`` and grows (a copy) when a step does not
             fit; give it to allocate once (needed to capture decoding in a CUDA graph).
