@@ -334,7 +334,7 @@ def prism_kv_append(
 ) -> None:
     """Write ``k, v [B, T_new, HKV, D]`` into the cache at ``cache_seqlens[b] + t`` (int32 ``[B]``), in place."""
     batch, seqlen_new, num_kv_heads, head_dim = k.shape
-    if seqlen_new == 0:
+    if seqlen_new == 0 or batch == 0:
         return
     capacity, page_size, num_blocks, stride_tb = _cache_geometry(k_cache, block_table)
     block_t = min(APPEND_BLOCK_T, max(2, next_power_of_2(seqlen_new)))

@@ -33,21 +33,22 @@ def kvcache_ref(q, k_cache, v_cache, lengths, block_table=None, scale=None, caus
     group = H // k_cache.shape[2]
     scale = D**-0.5 if scale is None else scale
     out = torch.zeros_like(q)
-    lse = torch.full((B, H, T), float("-inf"), dtype=torch.float64)
+    lse = torch.full((B, H, T), float("-inf"), dtype=torch.float64, device=q.device)
     for b in range(B):
         L = int(lengths[b])
+        j = torch.arange(L, device=q.device)
         if block_table is None:
-            slots = [(b, j) for j in range(L)]
-        else:
+            keys_b, values_b = k_cache[b, :L], v_cache[b, :L]
+        else:  # slot j of sequence b: block block_table[b, j // page], row j % page
             page = k_cache.shape[1]
-            slots = [(int(block_table[b, j // page]), j % page) for j in range(L)]
+            blocks = block_table[b].long()[j // page]
+            keys_b, values_b = k_cache[blocks, j % page], v_cache[blocks, j % page]
         for h in range(H):
             for t in range(T):
                 seen = max(0, min(L, L - T + t + 1)) if causal else L
                 if seen == 0:
                     continue
-                keys = torch.stack([k_cache[i, s, h // group] for i, s in slots[:seen]])
-                values = torch.stack([v_cache[i, s, h // group] for i, s in slots[:seen]])
+                keys, values = keys_b[:seen, h // group], values_b[:seen, h // group]
                 scores = (keys @ q[b, t, h]) * scale
                 top = scores.max()
                 weights = torch.exp(scores - top)
@@ -434,3 +435,78 @@ def test_generate_on_triton_kernels():
         ids[b, :len(p)], mask[b, :len(p)] = p, 1  # right padding
     out = model.generate(ids, 3, attention_mask=mask)
     assert torch.equal(out, _greedy_without_cache(reference, prompts, 3))
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 192, 256, 320, 512])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kernels_on_gpu_bf16(d, paged):
+    """The split-KV kernels on a GPU (heuristic splits) in bf16 against the float64 oracle, within
+    FlashAttention's bound; 1, 4 and 16 queries (the decode kernel) and 40 (the varlen forward)."""
+    B, H, HKV, S = 4, 8, 2, 2048
+    g = torch.Generator(device="cuda").manual_seed(d)
+    make = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    seqlens = torch.tensor([0, 17, S // 2, S - 40], dtype=torch.int32, device="cuda")
+    for T in (1, 4, 16, 40):
+        q, k, v = make(B, T, H, d), make(B, T, HKV, d), make(B, T, HKV, d)
+        k_cache, v_cache, table = make(B, S, HKV, d), make(B, S, HKV, d), None
+        if paged:
+            block = 16
+            per_seq = S // block
+            order = torch.randperm(B * per_seq, generator=g, device="cuda").view(B, per_seq)
+            table = order.to(torch.int32)
+            pool_k, pool_v = (torch.empty(B * per_seq, block, HKV, d, device="cuda", dtype=torch.bfloat16)
+                              for _ in range(2))
+            pool_k[order.flatten()] = k_cache.view(-1, block, HKV, d)
+            pool_v[order.flatten()] = v_cache.view(-1, block, HKV, d)
+            k_cache, v_cache = pool_k, pool_v
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        o, lse = prism_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table,
+                                              causal=True, return_softmax_lse=True)
+        torch.cuda.synchronize()
+        pos = seqlens.long()[:, None] + torch.arange(T, device="cuda")
+        if paged:
+            first, second = table.long().gather(1, pos // block), pos % block
+        else:
+            first, second = torch.arange(B, device="cuda")[:, None].expand_as(pos), pos
+        want_k[first, second], want_v[first, second] = k, v
+        assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), f"T={T}: cache writes"
+        lengths = (seqlens + T).tolist()
+        ref, ref_lse = kvcache_ref(q.double(), want_k.double(), want_v.double(), lengths, table, causal=True)
+        low, _ = kvcache_ref(q, want_k, want_v, lengths, table, causal=True)
+        assert_attention_close(f"o D={d} T={T}", o, ref, low)
+        assert torch.isfinite(lse).all()
+        assert_close(f"lse D={d} T={T}", lse, ref_lse.float(), kind="elementwise", dtype=torch.float32)
+
+
+@pytest.mark.gpu
+def test_decode_step_captured_in_a_cuda_graph():
+    """A PrismDecoder decode step with a preallocated paged cache is captured in a CUDA graph (no host
+    reads while capturing) and its replays give the eager steps' logits."""
+    model = _small_decoder("auto", tie_embeddings=False).cuda()
+    B, prompt, steps = 2, 5, 4
+    ids = torch.randint(0, 37, (B, prompt + steps), device="cuda")
+    eager_cache = model.new_cache(B, prompt + steps, block_size=4)
+    graph_cache = model.new_cache(B, prompt + steps, block_size=4)
+    with torch.no_grad():
+        model.decode(ids[:, :prompt], eager_cache)
+        eager = [model.decode(ids[:, prompt + i:prompt + i + 1], eager_cache) for i in range(steps)]
+        model.decode(ids[:, :prompt], graph_cache)
+        static_ids = ids[:, prompt:prompt + 1].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the first step eagerly: compiles the kernels before capture
+            first = model.decode(static_ids, graph_cache)
+        torch.cuda.current_stream().wait_stream(side)
+        assert_close("step 0", first, eager[0], kind="elementwise")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # records the next step (writes at cache_seqlens, then advances it)
+            static_logits = model.decode(static_ids, graph_cache)
+        for i in range(1, steps):
+            static_ids.copy_(ids[:, prompt + i:prompt + i + 1])
+            graph.replay()
+            assert_close(f"step {i}", static_logits, eager[i], kind="elementwise")
+    assert graph_cache.layers[0].cache_seqlens.tolist() == [prompt + steps] * B

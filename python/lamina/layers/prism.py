@@ -82,7 +82,8 @@ class KVCache:
             what was not given from the keys written.
         max_length: tokens per sequence the cache holds. None: the cache starts at the first
             step's length rounded up to ``GROWTH_GRANULE`` and grows (a copy) when a step does not
-            fit; give it to allocate once (needed to capture decoding in a CUDA graph).
+            fit; give it to allocate once (needed to capture decoding in a CUDA graph: replays
+            advance ``cache_seqlens`` on the device, ``seq_len`` counts the eager calls only).
         block_size: page size of a paged cache; None: contiguous.
     """
 

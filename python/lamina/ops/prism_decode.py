@@ -279,6 +279,8 @@ def _with_kvcache_op(
         prism_kv_append(k.contiguous(), v.contiguous(), k_cache, v_cache, cache_seqlens, block_table)
         seqlen_new = k.shape[1]
     q = q.contiguous()
+    if q.shape[0] == 0 or q.shape[1] == 0:  # no query: nothing to launch
+        return torch.zeros_like(q), q.new_zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     if q.shape[1] > DECODE_MAX_SEQLEN_Q:
         return _prefill_packed(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new, scale, causal)
     return prism_attn_decode(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new, causal, scale,
