@@ -294,6 +294,15 @@ def test_bad_block_tables():
         call(table[:, :2])
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_inference_only(backend):
+    q, k_cache, v_cache, k, v, _ = _inputs(1, 1, 2, 1, 16, 8, torch.float32)
+    q.requires_grad_()
+    k.requires_grad_()
+    o = prism_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=2, backend=backend)
+    assert not o.requires_grad and not k_cache.requires_grad
+
+
 @pytest.mark.interpret
 def test_triton_backend_refuses_float64():
     q, k_cache, v_cache, _, _, _ = _inputs(1, 1, 2, 1, 16, 8, torch.float64)

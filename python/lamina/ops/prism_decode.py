@@ -13,7 +13,7 @@ every head dim ``prism_attention`` runs (16..512). What runs:
 * CPU tensors by default: a PyTorch implementation (writes with indexing, gathers the cache,
   masks by length, explicit softmax in float32 or float64).
 
-No gradient: the op is for inference, as FlashAttention's is.
+No gradient: the op is for inference, as FlashAttention's is; it runs under ``torch.no_grad()``.
 
 Validation: shapes, dtypes and devices always; the values of ``cache_seqlens`` (cache long enough)
 and ``block_table`` (block ids in range for the blocks in use) are read to the host once per call,
@@ -349,15 +349,18 @@ def prism_attention_with_kvcache(
     scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
     path = select_backend("prism_attention_with_kvcache", backend, [q, k_cache, v_cache, k, v, block_table])
     seqlen_new = 0 if k is None else k.shape[1]
-    if path == "torch":
-        if k is not None:
-            _append_torch(k, v, k_cache, v_cache, seqlens, block_table)
-        o, lse = _with_kvcache_torch(q, k_cache, v_cache, seqlens, block_table, seqlen_new, scale, bool(causal))
-    else:
-        if q.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
-        o, lse = _with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, block_table, scale, bool(causal),
-                                  num_splits, capacity if max_seqlen_k is None else max_seqlen_k)
+    if path != "torch" and q.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
+    # Inference only, on every path: no graph is recorded (the cache writes would otherwise chain
+    # every step's graph to the next), and the outputs do not require grad.
+    with torch.no_grad():
+        if path == "torch":
+            if k is not None:
+                _append_torch(k, v, k_cache, v_cache, seqlens, block_table)
+            o, lse = _with_kvcache_torch(q, k_cache, v_cache, seqlens, block_table, seqlen_new, scale, bool(causal))
+        else:
+            o, lse = _with_kvcache_op(q, k_cache, v_cache, k, v, seqlens, block_table, scale, bool(causal),
+                                      num_splits, capacity if max_seqlen_k is None else max_seqlen_k)
     return (o, lse) if return_softmax_lse else o
 
 
