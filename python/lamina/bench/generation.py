@@ -36,6 +36,10 @@ MODELS = ("hrm_lm", "prism")
 # than 0.5 s (the tiny size at 32 + 32 tokens: 0.3-1 s on 2 loaded cores) is timed over 2 single calls.
 # The default tiny run (2 models x 2 batch sizes) then stays under 30 s on such a CPU.
 TIMING = TimingConfig(cpu_min_run_s=0.3, slow_call_s=0.5)
+# main()'s CPU threads: a decoding step is many ops of a few microseconds each, where handing work to a
+# second thread costs more than it saves. Measured, default tiny run on 2 cores shared with other jobs
+# (load 3): 19 s with 1 thread, 128 s with 2 (HRM-LM batch 8: 437 vs 38 tokens/s).
+CPU_THREADS = 1
 
 
 def build_model(name: str, size: str, device: str, dtype: torch.dtype) -> nn.Module:
@@ -98,6 +102,8 @@ def run_generation_bench(device: str, batch_sizes: list[int] | tuple[int, ...], 
         size: ``HRMLMConfig.family`` size ("tiny", "small", "medium").
         dtype: parameters and activations.
         models: among ``MODELS``.
+
+    Runs with torch's current CPU threads (``main`` sets ``CPU_THREADS``).
 
     Row keys: kind ("generation"), model, model_class, size, dtype, device, batch_size, prompt_len,
     new_tokens, depth, params, status ("ok" or "skipped"), reason; when measured: ms, ms_p20,
@@ -166,18 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="results file, JSON lines, appended (default: <date>-<device>.jsonl in "
                                  "lamina's results folder)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
-    p.add_argument("--threads", type=int, help="torch CPU threads (tiny decoding steps: 1 avoids the thread "
-                                               "handoffs that dominate them on a loaded machine)")
+    p.add_argument("--threads", type=int, help=f"torch CPU threads (default on CPU: {CPU_THREADS})")
     args = p.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            p.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
+    threads = args.threads if args.threads is not None else (CPU_THREADS if device == "cpu" else None)
+    if threads is not None:
+        if threads < 1:
+            p.error(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     try:
         rows = run_generation_bench(device, args.batch_sizes, args.prompt_len, args.new_tokens, args.size,
                                     dtype=getattr(torch, args.dtype), models=tuple(args.model or MODELS))
