@@ -15,6 +15,13 @@ TORCH_LIBRARY(lamina_C, m) {
   m.def(
       "hrm_update_bwd(Tensor dy, Tensor h, Tensor c, Tensor gate, Tensor? bias, Tensor? weight, Tensor? rstd) "
       "-> Tensor[]");
+  // Delta-rule decode step (csrc/delta_decode.h, lamina.ops.delta_decode): writes out, and the state
+  // pool (inplace) and final_state when given.
+  m.def(
+      "delta_decode_step(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor? w, Tensor? A_log, "
+      "Tensor? dt_bias, Tensor(a!)? state, Tensor? state_indices, Tensor? num_accepted_tokens, Tensor? cu_seqlens, "
+      "Tensor(b!) out, Tensor(c!)? final_state, float scale, float lower_bound, int gate_act, int beta_act, "
+      "bool l2norm, bool state_v_first, bool inplace) -> ()");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
