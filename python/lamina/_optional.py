@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from types import ModuleType
 
 
@@ -30,17 +31,35 @@ def flash_attn() -> ModuleType | None:
 
 
 def compiled_extension() -> ModuleType | None:
-    """``lamina._C``, built with ``LAMINA_BUILD_CUDA=1`` or ``LAMINA_BUILD_CPU=1``."""
-    return _try_import("lamina._C")
+    """``lamina._C``, built with ``LAMINA_BUILD_CUDA=1`` or ``LAMINA_BUILD_CPU=1``; when it is not
+    installed and ``LAMINA_JIT=1``, the same sources compiled on first use (``lamina._jit``)."""
+    ext = _try_import("lamina._C")
+    if ext is None and os.environ.get("LAMINA_JIT") == "1":
+        from lamina._jit import extension_or_none
+
+        ext = extension_or_none()
+    return ext
+
+
+def _jit_error() -> str | None:
+    """Why the ``LAMINA_JIT=1`` build failed, if it was tried."""
+    if os.environ.get("LAMINA_JIT") != "1":
+        return None
+    from lamina._jit import last_error
+
+    return last_error()
 
 
 def require_compiled_extension() -> ModuleType:
     ext = compiled_extension()
     if ext is None:
+        jit_error = _jit_error()
         raise ImportError(
             "lamina._C is not built. Reinstall with the extension: "
             "`LAMINA_BUILD_CUDA=1 pip install --no-build-isolation -e .` (CUDA and CPU kernels) or "
-            "`LAMINA_BUILD_CPU=1 pip install --no-build-isolation -e .` (CPU kernels only)."
+            "`LAMINA_BUILD_CPU=1 pip install --no-build-isolation -e .` (CPU kernels only), or set LAMINA_JIT=1 "
+            "in an editable checkout to compile it on first use."
+            + (f" ({jit_error})" if jit_error else "")
         )
     return ext
 
