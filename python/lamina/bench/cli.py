@@ -3,6 +3,7 @@
     lamina bench --quick                      # a few ops on this machine, comparison table (< 2 min on CPU)
     lamina bench --op kda --device cpu        # one op, every provider, CPU shapes, all modes
     lamina bench --op layers                  # lamina.layers vs fla.layers (DeltaNet, GatedDeltaNet, KDA, GDN-2)
+    lamina bench --op decode                  # the decode step over a state pool (lamina.bench.decode)
     lamina bench --device cuda --time-budget 300
     lamina bench providers [--device cpu]     # which providers can run here, and why not
     lamina bench ceilings [--device cuda]     # copy bandwidth and matmul rate
@@ -59,7 +60,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a few ops on this device with the comparison table")
     p.add_argument("--op", action="append", help=f"op(s), comma-separated: {', '.join(OPS)}; groups: "
                    + ", ".join(f"{g} ({', '.join(ops)})" for g, ops in OP_GROUPS.items())
-                   + " (default: every kernel op; the layer ops run when named)")
+                   + " (default: every kernel op; the layer ops run when named); decode: the decode step "
+                   "over a state pool, on its own (lamina.bench.decode)")
     p.add_argument("--provider", action="append", help=f"provider(s) by exact name: {', '.join(PROVIDERS)}")
     p.add_argument("--exclude", action="append", help="provider(s) to leave out")
     p.add_argument("--mode", action="append", help=f"mode(s): {', '.join(MODES)}")
@@ -91,6 +93,10 @@ def _run(argv: list[str]) -> int:
         # cores with the timed calls that follow: compile in-process on CPU runs.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     ops, providers, exclude, modes = _csv(args.op), _csv(args.provider), _csv(args.exclude), _csv(args.mode)
+    if ops == ["decode"]:  # the decode step's own benchmark (lamina.bench.decode)
+        from lamina.bench import decode
+
+        return decode.main(argv, device)
     _check_names("op", ops, (*OPS, *OP_GROUPS))
     ops = expand_ops(ops)
     _check_names("provider", providers + exclude, tuple(PROVIDERS))
