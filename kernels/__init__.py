@@ -21,6 +21,7 @@ KERNEL_MODULES = (
     "lamina.kernels.delta_chunk_bwd_dqk",
     "lamina.kernels.prism_attn_fwd",
     "lamina.kernels.prism_attn_bwd",
+    "lamina.kernels.prism_attn_decode",
     "lamina.kernels.hrm_update",
     "lamina.kernels.short_conv",
     "lamina.kernels.rms_norm_gated",
