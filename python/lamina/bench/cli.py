@@ -4,6 +4,7 @@
     lamina bench --op kda --device cpu        # one op, every provider, CPU shapes, all modes
     lamina bench --op layers                  # lamina.layers vs fla.layers (DeltaNet, GatedDeltaNet, KDA, GDN-2)
     lamina bench --op decode                  # the decode step over a state pool (lamina.bench.decode)
+    lamina bench --op generation              # tokens/s of generation, HRM-LM vs PrismDecoder
     lamina bench --device cuda --time-budget 300
     lamina bench providers [--device cpu]     # which providers can run here, and why not
     lamina bench ceilings [--device cuda]     # copy bandwidth and matmul rate
@@ -61,7 +62,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", action="append", help=f"op(s), comma-separated: {', '.join(OPS)}; groups: "
                    + ", ".join(f"{g} ({', '.join(ops)})" for g, ops in OP_GROUPS.items())
                    + " (default: every kernel op; the layer ops run when named); decode: the decode step "
-                   "over a state pool, on its own (lamina.bench.decode)")
+                   "over a state pool, on its own (lamina.bench.decode); generation: tokens/s of generate, HRM-LM vs "
+                   "PrismDecoder (lamina.bench.generation)")
     p.add_argument("--provider", action="append", help=f"provider(s) by exact name: {', '.join(PROVIDERS)}")
     p.add_argument("--exclude", action="append", help="provider(s) to leave out")
     p.add_argument("--mode", action="append", help=f"mode(s): {', '.join(MODES)}")
@@ -97,6 +99,12 @@ def _run(argv: list[str]) -> int:
         from lamina.bench import decode
 
         return decode.main(argv, device)
+    if ops == ["generation"]:  # tokens/s of generation, HRM-LM vs PrismDecoder (lamina.bench.generation)
+        from lamina.bench import generation
+
+        forwarded = ["--device", device] + (["--out", args.out] if args.out else []) \
+            + (["--no-save"] if args.no_save else []) + (["--threads", str(args.threads)] if args.threads else [])
+        return generation.main(forwarded)
     _check_names("op", ops, (*OPS, *OP_GROUPS))
     ops = expand_ops(ops)
     _check_names("provider", providers + exclude, tuple(PROVIDERS))
