@@ -10,9 +10,9 @@
 # failed step is recorded and the next one runs.
 #
 # SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_INFO=1 leave a step out. The second call, benchmarks only:
-#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=240 BENCH_LAYERS_TIMEOUT=180
-# (the kernel ops, then lamina's layers against fla's; BENCH_LAYERS_TIMEOUT=0, the default, leaves
-# the layer benchmark out).
+#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=200 BENCH_LAYERS_TIMEOUT=120 BENCH_DECODE_TIMEOUT=60
+# (the kernel ops, then lamina's layers against fla's, then the decode step and generation;
+# BENCH_LAYERS_TIMEOUT=0 and BENCH_DECODE_TIMEOUT=0, the defaults, leave those out).
 #
 # fla on the GPU image: the image has transformers 5.17.0 and its stack (tokenizers, huggingface-hub,
 # safetensors, regex, pyyaml, tqdm, packaging, numpy) but neither fla-core (fla.ops) nor
@@ -50,6 +50,8 @@ BENCH_TIMEOUT="${BENCH_TIMEOUT:-90}"
 # The layer benchmark (`lamina bench --op layers`): 0 leaves it out; the second call sets it.
 BENCH_LAYERS_TIMEOUT="${BENCH_LAYERS_TIMEOUT:-0}"
 INFO_TIMEOUT="${INFO_TIMEOUT:-60}"
+# The decode-step and generation benchmarks (each this long at most): 0 leaves them out.
+BENCH_DECODE_TIMEOUT="${BENCH_DECODE_TIMEOUT:-0}"
 # Kept free for the steps after the benchmark (kernel report, summary) when sizing its budget.
 RESERVE_AFTER_BENCH="${RESERVE_AFTER_BENCH:-50}"
 # The suite stops starting new cases this long before its step limit (ceilings, the case in flight, exit).
@@ -67,6 +69,13 @@ if [ "$DRY_RUN" = "1" ]; then
 else
     BENCH_ARGS="${BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
     LAYERS_BENCH_ARGS="${LAYERS_BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
+fi
+if [ "$DRY_RUN" = "1" ]; then
+    DECODE_BENCH_ARGS="${DECODE_BENCH_ARGS:---device cpu --threads 1}"
+    GENERATION_BENCH_ARGS="${GENERATION_BENCH_ARGS:---device cpu --threads 1}"
+else
+    DECODE_BENCH_ARGS="${DECODE_BENCH_ARGS:---device cuda}"
+    GENERATION_BENCH_ARGS="${GENERATION_BENCH_ARGS:---device cuda}"
 fi
 LAYERS_REPORT="$OUT/layers_gpu.txt"
 
@@ -188,7 +197,7 @@ fi
 
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
-bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT ))
+bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT ))
 if [ "$bench_limit" -gt "$BENCH_TIMEOUT" ]; then bench_limit=$BENCH_TIMEOUT; fi
 bench_budget=$(( bench_limit - BENCH_SLACK_S ))
 if [ "$bench_budget" -lt 5 ]; then bench_budget=5; fi
@@ -200,7 +209,7 @@ run_step bench "$bench_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUN
 if [ "$BENCH_LAYERS_TIMEOUT" -le 0 ]; then
     skip_step bench_layers "BENCH_LAYERS_TIMEOUT=0: the benchmark call runs it"
 else
-    layers_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+    layers_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - 2 * BENCH_DECODE_TIMEOUT ))
     if [ "$layers_limit" -gt "$BENCH_LAYERS_TIMEOUT" ]; then layers_limit=$BENCH_LAYERS_TIMEOUT; fi
     layers_budget=$(( layers_limit - BENCH_SLACK_S ))
     if [ "$layers_budget" -lt 5 ]; then layers_budget=5; fi
@@ -208,6 +217,19 @@ else
     run_step bench_layers "$layers_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
         "$PYTHON" -m lamina.cli bench --op layers $LAYERS_BENCH_ARGS --out "$OUT/bench.jsonl" \
         --time-budget "$layers_budget"
+fi
+
+# ---- 4c. decode step and generation: lamina bench --op decode / --op generation -----------------
+# The decode step (GDN, state pool in place, T=1) against fla's step and the memory floor, then
+# tokens/s of generation (HRM-LM vs PrismDecoder). 0 (the default) leaves them out; the second call
+# sets BENCH_DECODE_TIMEOUT.
+if [ "$BENCH_DECODE_TIMEOUT" -le 0 ]; then
+    skip_step bench_decode "BENCH_DECODE_TIMEOUT=0: the benchmark call runs it"
+else
+    run_step bench_decode "$BENCH_DECODE_TIMEOUT" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
+        "$PYTHON" -m lamina.cli bench --op decode $DECODE_BENCH_ARGS --out "$OUT/bench.jsonl"
+    run_step bench_generation "$BENCH_DECODE_TIMEOUT" "$OUT/bench.log" env PYTHONUNBUFFERED=1 \
+        "$PYTHON" -m lamina.cli bench --op generation $GENERATION_BENCH_ARGS --out "$OUT/bench.jsonl"
 fi
 
 # ---- 5. static kernel report on this machine -----------------------------------------------

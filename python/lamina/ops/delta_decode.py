@@ -119,34 +119,44 @@ def _torch_step(q, k, v, g, b, w, A_log, dt_bias, state, state_indices, num_acce
     if state is None:
         S = torch.zeros(N, HV, K, V, dtype=acc, device=dev)
     else:
-        S = state[slot.clamp(0, max(P - 1, 0))].to(acc)
+        S = state.index_select(0, slot.clamp(0, max(P - 1, 0))).to(acc)
         if state_v_first:
             S = S.transpose(-1, -2)
-        S = torch.where(active[:, None, None, None], S, torch.zeros_like(S))
+        if not bool(active.all()):
+            S = torch.where(active[:, None, None, None], S, torch.zeros_like(S))
     per_token = inplace and state_indices is not None and state_indices.shape[1] > 1
     o = torch.zeros(N, tmax, HV, V, dtype=acc, device=dev)
+    every_row = bool(active.all()) and all(n == tmax for n in lengths)
     for t in range(tmax):
         live = (t < length_t) & active
-        m = live[:, None, None, None]
-        if gs is not None:
-            decay = gs[:, t].exp()
-            S_dec = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+        kt, et, zt = ks[:, t], ks[:, t] * bs[:, t], vs[:, t] * ws[:, t]
+        if every_row:  # all rows advance: update S in place, batched over (sequence, head)
+            if gs is not None:
+                decay = gs[:, t].exp()
+                S.mul_(decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+            r = torch.matmul(et[..., None, :], S).squeeze(-2)
+            S.add_(kt[..., :, None] * (zt - r)[..., None, :])
+            o[:, t] = torch.matmul(qs[:, t][..., None, :], S).squeeze(-2)
         else:
+            m = live[:, None, None, None]
             S_dec = S
-        kt = ks[:, t]
-        r = torch.einsum("nhk,nhkv->nhv", kt * bs[:, t], S_dec)
-        S_new = S_dec + kt[..., None] * (vs[:, t] * ws[:, t] - r)[..., None, :]
-        S = torch.where(m, S_new, S)
-        o[:, t] = torch.where(live[:, None, None], torch.einsum("nhk,nhkv->nhv", qs[:, t], S), 0.0)
+            if gs is not None:
+                decay = gs[:, t].exp()
+                S_dec = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+            r = torch.matmul(et[..., None, :], S_dec).squeeze(-2)
+            S = torch.where(m, S_dec + kt[..., :, None] * (zt - r)[..., None, :], S)
+            o[:, t] = torch.where(live[:, None, None], torch.matmul(qs[:, t][..., None, :], S).squeeze(-2), 0.0)
         if per_token and t < state_indices.shape[1]:
             dst = state_indices[:, t].long()
             ok = live & (dst >= 0) & (dst < P)
             if bool(ok.any()):
                 St = S[ok].transpose(-1, -2) if state_v_first else S[ok]
                 state[dst[ok]] = St.to(state.dtype)
-    if inplace and not per_token and state is not None and bool(active.any()):
-        St = S[active].transpose(-1, -2) if state_v_first else S[active]
-        state[slot[active]] = St.to(state.dtype)
+    if inplace and not per_token and state is not None:
+        rows = active.nonzero().squeeze(1)
+        St = S.index_select(0, rows)
+        St = St.transpose(-1, -2) if state_v_first else St
+        state.index_copy_(0, slot.index_select(0, rows), St.to(state.dtype))
     if final_state is not None:
         St = S.transpose(-1, -2) if state_v_first else S
         final_state.copy_(torch.where(active[:, None, None, None], St, torch.zeros_like(St)).to(final_state.dtype))
