@@ -320,35 +320,84 @@ void prepare_token(const Params& p, int64_t row, int64_t hv, Token& tok) {
   }
 }
 
+// Rows of a [K, V] state updated together: each pass over V then loads and stores the accumulator
+// (r or o) once per kRowBlock rows instead of once per row. On the CPU of
+// benchmarks/results/2026-12-01-decode-cpu.jsonl, one thread, GDN step at B = 1, H = 16, K = V = 128
+// (state in cache): 0.21 ms per step one row at a time, 0.18 ms with 4; at B = 8 the state streams
+// from memory and the difference is within the run-to-run noise.
+constexpr int64_t kRowBlock = 4;
+
+// The row loops below write row pointers that may equal the ones they read (src == dst), element
+// for element: no iteration depends on another, which the compiler cannot prove by itself.
+#if defined(__clang__)
+#define LAMINA_NO_LOOP_DEPS _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define LAMINA_NO_LOOP_DEPS _Pragma("GCC ivdep")
+#else
+#define LAMINA_NO_LOOP_DEPS
+#endif
+
 // One token on a [K, V] state: reads `src` (nullptr: zeros), writes the new state to `dst`
 // (may equal src) and the output to tok.o.
 void step_kv(const float* src, float* dst, Token& tok, int64_t K, int64_t V) {
   float* r = tok.r.data();
   float* o = tok.o.data();
+  const float *d = tok.d.data(), *e = tok.e.data(), *kk = tok.k.data(), *q = tok.q.data();
   std::fill(r, r + V, 0.f);
-  for (int64_t i = 0; i < K; ++i) {
-    float* row = dst + i * V;
-    const float di = tok.d[i], ei = tok.e[i];
-    if (src == nullptr) {
-      std::fill(row, row + V, 0.f);
-      continue;
+  if (src == nullptr) {
+    std::fill(dst, dst + K * V, 0.f);
+  } else {
+    // pass 1: S[i,:] = d_i S[i,:] and r += e_i S[i,:]
+    int64_t i = 0;
+    for (; i + kRowBlock <= K; i += kRowBlock) {
+      const float *in0 = src + i * V, *in1 = in0 + V, *in2 = in1 + V, *in3 = in2 + V;
+      float *s0 = dst + i * V, *s1 = s0 + V, *s2 = s1 + V, *s3 = s2 + V;
+      // coefficients in locals: the stores through s0..s3 could alias d and e as far as the compiler knows
+      const float d0 = d[i], d1 = d[i + 1], d2 = d[i + 2], d3 = d[i + 3];
+      const float e0 = e[i], e1 = e[i + 1], e2 = e[i + 2], e3 = e[i + 3];
+      LAMINA_NO_LOOP_DEPS
+      for (int64_t j = 0; j < V; ++j) {
+        const float a0 = d0 * in0[j], a1 = d1 * in1[j], a2 = d2 * in2[j], a3 = d3 * in3[j];
+        s0[j] = a0, s1[j] = a1, s2[j] = a2, s3[j] = a3;
+        r[j] += (e0 * a0 + e1 * a1) + (e2 * a2 + e3 * a3);
+      }
     }
-    const float* in = src + i * V;
-    for (int64_t j = 0; j < V; ++j) {
-      const float s = di * in[j];
-      row[j] = s;
-      r[j] += ei * s;
+    for (; i < K; ++i) {
+      const float* in = src + i * V;
+      float* row = dst + i * V;
+      const float di = d[i], ei = e[i];
+      LAMINA_NO_LOOP_DEPS
+      for (int64_t j = 0; j < V; ++j) {
+        const float a = di * in[j];
+        row[j] = a;
+        r[j] += ei * a;
+      }
     }
   }
   for (int64_t j = 0; j < V; ++j) r[j] = tok.z[j] - r[j];  // r now holds u = z - r
   std::fill(o, o + V, 0.f);
-  for (int64_t i = 0; i < K; ++i) {
-    float* row = dst + i * V;
-    const float ki = tok.k[i], qi = tok.q[i];
+  // pass 2: S[i,:] += k_i u and o += q_i S[i,:]
+  int64_t i = 0;
+  for (; i + kRowBlock <= K; i += kRowBlock) {
+    float *s0 = dst + i * V, *s1 = s0 + V, *s2 = s1 + V, *s3 = s2 + V;
+    const float k0 = kk[i], k1 = kk[i + 1], k2 = kk[i + 2], k3 = kk[i + 3];
+    const float q0 = q[i], q1 = q[i + 1], q2 = q[i + 2], q3 = q[i + 3];
+    LAMINA_NO_LOOP_DEPS
     for (int64_t j = 0; j < V; ++j) {
-      const float s = row[j] + ki * r[j];
-      row[j] = s;
-      o[j] += qi * s;
+      const float u = r[j];
+      const float a0 = s0[j] + k0 * u, a1 = s1[j] + k1 * u, a2 = s2[j] + k2 * u, a3 = s3[j] + k3 * u;
+      s0[j] = a0, s1[j] = a1, s2[j] = a2, s3[j] = a3;
+      o[j] += (q0 * a0 + q1 * a1) + (q2 * a2 + q3 * a3);
+    }
+  }
+  for (; i < K; ++i) {
+    float* row = dst + i * V;
+    const float ki = kk[i], qi = q[i];
+    LAMINA_NO_LOOP_DEPS
+    for (int64_t j = 0; j < V; ++j) {
+      const float a = row[j] + ki * r[j];
+      row[j] = a;
+      o[j] += qi * a;
     }
   }
 }
