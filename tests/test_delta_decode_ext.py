@@ -494,3 +494,26 @@ def test_cuda_decode_kernel_compiles_without_spills(tmp_path):
         for e in mine:
             name = e.split("'")[1]
             assert "0 bytes spill stores" in e and "0 bytes spill loads" in e, f"{arch} {name} spills:\n{e}"
+
+
+# --- lamina bench --op decode ------------------------------------------------------------------------
+
+def test_decode_bench_bytes_and_records():
+    import io
+
+    from lamina.bench.decode import decode_bytes, run
+    from lamina.bench.timing import TimingConfig
+
+    # float32 state read and written: 2 * 4 * B * HV * K * V; q, k: 2 * B * H * K, v, out: 2 * B * HV * V in
+    # bf16 (2 bytes); g, beta [B, HV] and A_log, dt_bias [HV] in float32
+    B, H, HV, K, V = 2, 4, 8, 16, 32
+    assert decode_bytes(B, H, HV, K, V, torch.bfloat16) == (8 * B * HV * K * V + 2 * (2 * B * H * K + 2 * B * HV * V)
+                                                             + 4 * (2 * B * HV + 2 * HV))
+    stream = io.StringIO()
+    records = run("cpu", providers=["lamina-torch", "lamina-cpu-ext", "fla"], timing=TimingConfig(cpu_min_run_s=0.01),
+                  batches=(1,), stream=stream)
+    by_provider = {r["provider"]: r for r in records}
+    assert by_provider["lamina-torch"]["status"] == "ok" and by_provider["lamina-torch"]["ms"] > 0
+    assert by_provider["fla"]["status"] == "skipped" and "cuda" in by_provider["fla"]["reason"]
+    assert by_provider["lamina-cpu-ext"]["status"] == ("ok" if _ext_has_decode() else "skipped")
+    assert "lamina-torch" in stream.getvalue()
