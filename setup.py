@@ -30,7 +30,9 @@ def extension_modules():
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     cpp_sources = sorted(glob.glob("csrc/*.cpp"))
-    cxx_flags = ["-O3", "-std=c++17"]
+    # at::parallel_for runs the CPU kernels over the cores only when the extension is built with OpenMP
+    cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
+    link_flags = ["-fopenmp"]
     if BUILD_CUDA:
         cu_sources = sorted(glob.glob("csrc/*.cu"))
         ext = CUDAExtension(
@@ -38,9 +40,10 @@ def extension_modules():
             cpp_sources + cu_sources,
             define_macros=[("LAMINA_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--use_fast_math"]},
+            extra_link_args=link_flags,
         )
     else:
-        ext = CppExtension("lamina._C", cpp_sources, extra_compile_args=cxx_flags)
+        ext = CppExtension("lamina._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=link_flags)
     return [ext], {"build_ext": BuildExtension}
 
 

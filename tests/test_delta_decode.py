@@ -199,6 +199,10 @@ def _gdn_step(**kw):
     (dict(initial_state=torch.zeros(4, HV, K, V), ssm_state_indices=torch.tensor([[0, 1], [2, 3]]),
           num_accepted_tokens=torch.tensor([1, 3])), r"num_accepted_tokens must be in \[1, S=2\]"),
     (dict(initial_state=torch.zeros(2, HV, K, V), num_accepted_tokens=torch.tensor([1, 1])), "needs ssm_state_indices"),
+    (dict(initial_state=torch.zeros(4, HV, K, V), ssm_state_indices=torch.tensor([2, 2]), inplace_final_state=True),
+     "slot 2 to more than one sequence"),
+    (dict(initial_state=torch.zeros(6, HV, K, V), ssm_state_indices=torch.tensor([[0, 1], [2, 1]]),
+          inplace_final_state=True), "slot 1 to more than one sequence"),
     (dict(out=torch.empty(2, 1, HV, V, dtype=torch.float16)), "out must be a contiguous float32"),
     (dict(backend="cpu"), "backend must be one of"),
 ])

@@ -90,11 +90,11 @@ def _torch_step(q, k, v, g, b, w, A_log, dt_bias, state, state_indices, num_acce
     if gs is not None and gate_act != GATE_NONE:
         shape = (1, 1, HV) + ((1,) if gs.dim() == 4 else ())
         x = gs if dt_bias is None else gs + dt_bias.to(acc).view(1, 1, *gs.shape[2:])
-        a = None if A_log is None else A_log.to(acc).view(shape)
+        a = 1.0 if A_log is None else A_log.to(acc).view(shape).exp()
         if gate_act == GATE_SOFTPLUS:
-            gs = -a.exp() * F.softplus(x)
+            gs = -a * F.softplus(x)
         else:
-            gs = lower_bound * torch.sigmoid(x if a is None else a.exp() * x)
+            gs = lower_bound * torch.sigmoid(a * x)
     if beta_act != BETA_NONE:
         bs = torch.sigmoid(bs) * (2.0 if beta_act == BETA_SIGMOID2 else 1.0)
     if ws is None:
@@ -335,6 +335,16 @@ def check_pool(op: str, state: torch.Tensor | None, N: int, HV: int, K: int, V: 
         if hi >= P:
             raise ValueError(f"{op}: ssm_state_indices holds slot {hi}, outside the pool of P={P} states "
                              "(initial_state.shape[0]); negative slots mark skipped rows")
+        if inplace and idx.numel():  # sequences run in parallel: one must not write a slot another one uses
+            rows = torch.arange(N, device=idx.device).repeat_interleave(idx.shape[1])
+            flat = idx.reshape(-1).long()
+            used = flat >= 0
+            pairs = torch.unique(torch.stack([rows[used], flat[used]]), dim=1)
+            slots, counts = torch.unique(pairs[1], return_counts=True)
+            if bool((counts > 1).any()):
+                shared = int(slots[counts > 1][0])
+                raise ValueError(f"{op}: ssm_state_indices gives slot {shared} to more than one sequence; with "
+                                 "inplace_final_state=True each slot belongs to one sequence of the call")
         if acc is not None and acc.numel():
             lo_a, hi_a = int(acc.min()), int(acc.max())
             if lo_a < 1 or hi_a > idx.shape[1]:
