@@ -248,7 +248,8 @@ def test_generate_refuses_bad_input():
     empty_row[1] = 0
     with pytest.raises(ValueError, match="every prompt needs at least one token"):
         generate(model, ids, 2, attention_mask=empty_row)
-    with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \(3, 6\), got \(3, 5\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \[B, T\] = \(3, 6\) like the input, "
+                                         r"got \(3, 5\)"):
         generate(model, ids, 2, attention_mask=mask[:, :5])
     with pytest.raises(ValueError, match="max_length must be <= max_seq_len 32"):
         model.generate(ids, 27)  # 6 + 27 positions do not fit the position embedding
@@ -303,7 +304,7 @@ def test_hrm_lm_decode_refuses_bad_input():
         model.decode(ids, cache, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 0]]))
     with pytest.raises(ValueError, match="only 0 .padding. and 1"):
         model.decode(ids, cache, attention_mask=torch.full((2, 3), 2))
-    with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \[B, T\] = \(2, 3\)"):
         model.decode(ids, cache, attention_mask=torch.ones(2, 4))
     model.decode(ids, cache, attention_mask=torch.tensor([[1, 1, 1], [1, 0, 0]]))
     assert cache.lengths.tolist() == [3, 1]

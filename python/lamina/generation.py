@@ -31,6 +31,31 @@ class GenerationModel(Protocol):
                attention_mask: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+def check_padding_mask(attention_mask: object, B: int, T: int, device: torch.device) -> torch.Tensor:
+    """A ``[B, T]`` 0/1 mask (any dtype) on ``device``, as bool."""
+    check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
+    if tuple(attention_mask.shape) != (B, T):
+        raise ValueError(f"attention_mask must have shape [B, T] = {(B, T)} like the input, "
+                         f"got {tuple(attention_mask.shape)}")
+    if attention_mask.device != device:
+        raise ValueError(f"attention_mask must be on {device}, got {attention_mask.device}")
+    if not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    return attention_mask.bool()
+
+
+def prefix_lengths(attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> torch.Tensor | None:
+    """Tokens each row keeps on a ``decode`` call (int64 ``[B]``): ``attention_mask.sum(1)``, checked to be a
+    prefix of ones (right padding); None without a mask (every row keeps T)."""
+    if attention_mask is None:
+        return None
+    mask = check_padding_mask(attention_mask, B, T, device)
+    counts = mask.sum(1)
+    if not torch.equal(mask, torch.arange(T, device=device)[None, :] < counts[:, None]):
+        raise ValueError("attention_mask must have the ones first in every row (right padding) when decoding")
+    return counts
+
+
 def _right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, mask, lengths) with each row's valid tokens moved to the front (left padding or holes allowed)."""
@@ -38,15 +63,7 @@ def _right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if attention_mask is None:
         mask = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
     else:
-        check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
-        if tuple(attention_mask.shape) != (B, T):
-            raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got "
-                             f"{tuple(attention_mask.shape)}")
-        if attention_mask.device != input_ids.device:
-            raise ValueError(f"attention_mask must be on {input_ids.device}, got {attention_mask.device}")
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-        mask = attention_mask.bool()
+        mask = check_padding_mask(attention_mask, B, T, input_ids.device)
     lengths = mask.sum(1)
     if (lengths == 0).any():
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all zeros)")
@@ -130,4 +147,28 @@ def generate(
     return out
 
 
-__all__ = ["GenerationModel", "generate"]
+class GenerationMixin:
+    """``generate`` for a model that implements ``new_cache`` and ``decode`` (module docstring)."""
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_token_id: int | None = None,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """``lamina.generation.generate`` with this model: ``[B, max_new_tokens]`` new tokens after the
+        prompts ``input_ids [B, T]`` (``attention_mask [B, T]``: left or right padding)."""
+        return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, do_sample=do_sample,
+                        temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+                        pad_token_id=pad_token_id, generator=generator)
+
+
+__all__ = ["GenerationMixin", "GenerationModel", "check_padding_mask", "generate", "prefix_lengths"]

@@ -24,6 +24,7 @@ from torch import nn
 
 from lamina._dispatch import BACKENDS
 from lamina._validate import check_cu_seqlens, check_tensor
+from lamina.generation import GenerationMixin, prefix_lengths
 from lamina.layers.rotary import RotaryEmbedding, apply_rotary
 from lamina.schedule import PrismSchedule
 
@@ -239,20 +240,8 @@ class PrismCache:
 
 def _kept_tokens(attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> int | torch.Tensor:
     """Tokens each row keeps in the cache: T, or ``attention_mask.sum(1)`` checked to be a prefix of ones."""
-    if attention_mask is None:
-        return T
-    check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
-    if tuple(attention_mask.shape) != (B, T):
-        raise ValueError(f"attention_mask must have shape [B, T] = {(B, T)}, got {tuple(attention_mask.shape)}")
-    if attention_mask.device != device:
-        raise ValueError(f"attention_mask must be on {device}, got {attention_mask.device}")
-    if not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-    mask = attention_mask.bool()
-    counts = mask.sum(1)
-    if not torch.equal(mask, torch.arange(T, device=device)[None, :] < counts[:, None]):
-        raise ValueError("attention_mask must have the ones first in every row (right padding) when decoding")
-    return counts.to(torch.int32)
+    counts = prefix_lengths(attention_mask, B, T, device)
+    return T if counts is None else counts.to(torch.int32)
 
 
 class PrismAttention(nn.Module):
@@ -524,7 +513,7 @@ class PrismDecoderConfig:
         return dataclasses.replace(self, widths=None, preset=None)
 
 
-class PrismDecoder(nn.Module):
+class PrismDecoder(GenerationMixin, nn.Module):
     """Decoder-only language model whose blocks follow a ``PrismSchedule``.
 
     Token embedding, ``n_layers`` ``PrismBlock``s (block ``l`` has ``schedule.heads[l]`` heads),
@@ -646,28 +635,3 @@ class PrismDecoder(nn.Module):
         if not isinstance(cache, PrismCache):
             raise TypeError(f"cache must be a PrismCache (from new_cache()), got {type(cache).__name__}")
         return self.forward(input_ids, cache=cache, attention_mask=attention_mask)
-
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        eos_token_id: int | None = None,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """``lamina.generation.generate`` with this model: ``[B, max_new_tokens]`` new tokens after the
-        prompts ``input_ids [B, T]`` (``attention_mask [B, T]``: left or right padding); the sampling
-        arguments are ``generate``'s."""
-        from lamina import generation
-
-        return generation.generate(
-            self, input_ids, max_new_tokens, attention_mask=attention_mask, do_sample=do_sample,
-            temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id, generator=generator,
-        )

@@ -167,7 +167,7 @@ class HRMLMCache:
         return self.keys[0].shape[1]
 
 
-class HRMLM(nn.Module):
+class HRMLM(generation.GenerationMixin, nn.Module):
     """Causal LM: token + position embedding, ``HRMCore``, RMSNorm, LM head tied to the embedding.
 
     ``block_factory(config)`` builds the fast and slow blocks (default: ``CausalBlock``; any
@@ -263,7 +263,9 @@ class HRMLM(nn.Module):
                              f"{cache.batch_size} rows, got {tuple(input_ids.shape)}")
         if cache.keys[0].device != input_ids.device:
             raise ValueError(f"input_ids must be on the cache's device {cache.keys[0].device}, got {input_ids.device}")
-        counts = self._row_counts(attention_mask, B, T, input_ids.device)
+        counts = generation.prefix_lengths(attention_mask, B, T, input_ids.device)
+        if counts is None:
+            counts = torch.full((B,), T, dtype=torch.int64, device=input_ids.device)
         span = cache.bound + T  # every row's new tokens lie below it (its padding too)
         if span > cache.max_length:
             raise ValueError(f"the cache holds at most {cache.max_length} tokens per row: after {cache.bound} "
@@ -276,47 +278,6 @@ class HRMLM(nn.Module):
         cache.lengths = cache.lengths + counts
         cache.bound = span
         return self._head(out)
-
-    @staticmethod
-    def _row_counts(attention_mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> torch.Tensor:
-        """Tokens each row keeps: ``attention_mask.sum(1)``, checked to be a prefix of ones."""
-        if attention_mask is None:
-            return torch.full((B,), T, dtype=torch.int64, device=device)
-        check_tensor("attention_mask", attention_mask, ndim=2, dtypes=None)
-        if tuple(attention_mask.shape) != (B, T):
-            raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got "
-                             f"{tuple(attention_mask.shape)}")
-        if attention_mask.device != device:
-            raise ValueError(f"attention_mask must be on {device}, got {attention_mask.device}")
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-        mask = attention_mask.bool()
-        counts = mask.sum(1)
-        if not torch.equal(mask, torch.arange(T, device=device)[None, :] < counts[:, None]):
-            raise ValueError("attention_mask must have the ones first in every row (right padding) when decoding")
-        return counts
-
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        eos_token_id: int | None = None,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """``lamina.generation.generate`` with this model: ``[B, max_new_tokens]`` new tokens after
-        the prompts ``input_ids [B, T]`` (``attention_mask [B, T]``: left or right padding)."""
-        return generation.generate(
-            self, input_ids, max_new_tokens, attention_mask=attention_mask, do_sample=do_sample,
-            temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id, generator=generator,
-        )
 
 
 def _count(module: nn.Module | None) -> int:
