@@ -329,15 +329,16 @@ def check_pool(op: str, state: torch.Tensor | None, N: int, HV: int, K: int, V: 
             raise ValueError(f"{op}: num_accepted_tokens must be an int32/int64 tensor [N={N}], got {got}")
         if acc.device != state.device:
             raise ValueError(f"{op}: num_accepted_tokens must be on {state.device}, got {acc.device}")
-    if check_indices and not _capturing(state.device):
+    if check_indices and not _capturing(state.device):  # one read of the tables to the host, checked there
         P = state.shape[0]
-        hi = int(idx.max()) if idx.numel() else -1
+        host = idx.cpu()
+        hi = int(host.max()) if host.numel() else -1
         if hi >= P:
             raise ValueError(f"{op}: ssm_state_indices holds slot {hi}, outside the pool of P={P} states "
                              "(initial_state.shape[0]); negative slots mark skipped rows")
-        if inplace and idx.numel():  # sequences run in parallel: one must not write a slot another one uses
-            rows = torch.arange(N, device=idx.device).repeat_interleave(idx.shape[1])
-            flat = idx.reshape(-1).long()
+        if inplace and host.numel():  # sequences run in parallel: one must not write a slot another one uses
+            rows = torch.arange(N).repeat_interleave(host.shape[1])
+            flat = host.reshape(-1).long()
             used = flat >= 0
             pairs = torch.unique(torch.stack([rows[used], flat[used]]), dim=1)
             slots, counts = torch.unique(pairs[1], return_counts=True)
@@ -346,7 +347,8 @@ def check_pool(op: str, state: torch.Tensor | None, N: int, HV: int, K: int, V: 
                 raise ValueError(f"{op}: ssm_state_indices gives slot {shared} to more than one sequence; with "
                                  "inplace_final_state=True each slot belongs to one sequence of the call")
         if acc is not None and acc.numel():
-            lo_a, hi_a = int(acc.min()), int(acc.max())
+            acc_host = acc.cpu()
+            lo_a, hi_a = int(acc_host.min()), int(acc_host.max())
             if lo_a < 1 or hi_a > idx.shape[1]:
                 raise ValueError(f"{op}: num_accepted_tokens must be in [1, S={idx.shape[1]}], got values in "
                                  f"[{lo_a}, {hi_a}]")
