@@ -84,6 +84,27 @@ __device__ __forceinline__ float lanes_sum(float x) {
   return x;
 }
 
+// [K, V] slots: each thread holds kVec column sums of its rows; sum them over the kVT-apart lanes of
+// the warp and leave one partial per warp and column in red (read by column_total after a barrier).
+template <int kVT>
+__device__ __forceinline__ void column_partials(float (&acc)[kVec], float (&red)[kWarps][kBlockV], int warp,
+                                                int lane, int lane_v) {
+#pragma unroll
+  for (int c = 0; c < kVec; ++c) acc[c] = lanes_sum<kVT, kWarpSize>(acc[c]);
+  if (lane < kVT) {
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) red[warp][kVec * lane_v + c] = acc[c];
+  }
+}
+
+// The sum over warps of column `col`'s partials.
+__device__ __forceinline__ float column_total(const float (&red)[kWarps][kBlockV], int col) {
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += red[w][col];
+  return total;
+}
+
 // --- the thread's state tile ---------------------------------------------------------------------
 
 // Where element group m (kVec consecutive floats) of this thread lies: `row` along the slot's outer
@@ -264,18 +285,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) decode_kernel(const
         }
       }
       // sum over the kg threads: within the warp (lanes VT apart), then across warps
-#pragma unroll
-      for (int c = 0; c < kVec; ++c) acc[c] = lanes_sum<TileT::kVT, kWarpSize>(acc[c]);
-      if (lane < TileT::kVT) {
-#pragma unroll
-        for (int c = 0; c < kVec; ++c) sm.red[warp][kVec * tile.lane_v + c] = acc[c];
-      }
+      column_partials<TileT::kVT>(acc, sm.red, warp, lane, tile.lane_v);
       __syncthreads();
       if (tid < kBlockV) {
-        float r = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) r += sm.red[w][tid];
-        sm.u[tid] = sm.z[tid] - r;
+        sm.u[tid] = sm.z[tid] - column_total(sm.red, tid);
       }
       __syncthreads();
       // pass 2: rank-1 write and o = S^T q
@@ -292,17 +305,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) decode_kernel(const
           acc[c] += qv * s[m][c];
         }
       }
-#pragma unroll
-      for (int c = 0; c < kVec; ++c) acc[c] = lanes_sum<TileT::kVT, kWarpSize>(acc[c]);
-      if (lane < TileT::kVT) {
-#pragma unroll
-        for (int c = 0; c < kVec; ++c) sm.red[warp][kVec * tile.lane_v + c] = acc[c];
-      }
+      column_partials<TileT::kVT>(acc, sm.red, warp, lane, tile.lane_v);
       __syncthreads();
       if (tid < kBlockV && v0 + tid < V) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm.red[w][tid];
+        const float o = column_total(sm.red, tid);
         store_elem(p.out, p.v_dtype, head * V + v0 + tid, o);
       }
     } else {
