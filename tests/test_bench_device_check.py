@@ -42,6 +42,7 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
         "BENCH_LAYERS_TIMEOUT": "60",
         "LAYERS_BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --threads 1 --cpu-min-run-s 0.02",
         "BENCH_DECODE_TIMEOUT": "40",
+        "DECODE_BENCH_ARGS": "--device cpu --threads 1 --cpu-min-run-s 0.02",
         "INFO_TIMEOUT": "10",
         "LAMINA_BENCH_PLAIN": "1",
     }
