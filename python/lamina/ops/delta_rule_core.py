@@ -15,8 +15,9 @@ Paths (``lamina._dispatch.select_backend``):
   ``kernels.delta_chunk_fwd`` (chunked or token-by-token forward) and
   ``kernels.delta_chunk_bwd``. The token-by-token forward keeps no chunk states; its backward
   first recomputes them with the chunked forward, so both forwards share one backward.
-* ``"torch"``: ``lamina.reference.delta_rule_family_chunk_ref`` (chunked) or
-  ``delta_rule_family_recurrent_ref`` (token loop), plain differentiable PyTorch.
+* ``"torch"``: ``lamina.ops.delta_rule_cpu`` (``delta_rule_family_chunk_torch``, and
+  ``delta_rule_family_recurrent_torch`` for the token-by-token ops: the same chunked form),
+  vectorised differentiable PyTorch, tested against the naive references in ``lamina.reference``.
 """
 
 from __future__ import annotations
@@ -321,13 +322,13 @@ def delta_rule_core(
     """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``."""
     path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
     if path == "torch":
-        from lamina.reference.delta_rule import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
+        from lamina.ops.delta_rule_cpu import delta_rule_family_chunk_torch, delta_rule_family_recurrent_torch
 
         if recurrent:
-            return delta_rule_family_recurrent_ref(q, k, v, g, b, w, scale, initial_state, output_final_state,
-                                                   cu_seqlens)
-        return delta_rule_family_chunk_ref(q, k, v, g, b, w, scale, initial_state, output_final_state,
-                                           cu_seqlens, chunk_size)
+            return delta_rule_family_recurrent_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                                     cu_seqlens)
+        return delta_rule_family_chunk_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                             cu_seqlens, chunk_size)
     if q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
                          "use backend='torch' for float64")

@@ -1,0 +1,326 @@
+"""PyTorch CPU path of the delta-rule ops (``backend="torch"``): the chunked WY/UT form, vectorised.
+
+``delta_rule_core`` calls this module on the torch path (CPU by default, any device with
+``backend="torch"``); autograd differentiates it, so it is also the CPU backward. It is tuned for
+speed (sequences, heads and chunks batched together, one sequential pass over chunk states,
+cache-sized groups for the channel-decay scores) and is tested against the naive token loop
+``lamina.reference.delta_rule_family_recurrent_ref`` (tests/test_delta_rule_cpu.py), never used as it.
+
+Per sequence and value head the state ``S`` is ``[K, V]``; for each token ``t``::
+
+    S   <- Diag(exp(g_t)) S;   S <- S + k_t (w_t * v_t - S^T (b_t * k_t))^T;   o_t = S^T (scale * q_t)
+
+Inputs are trusted: the ops validate them once (``delta_rule_core.validate_inputs``). The
+computation is in float64 when any input is float64, else float32; outputs take ``v.dtype`` and
+final states the compute dtype. Every decay factor formed is ``exp(x)`` with ``x <= 0`` (for
+``g <= 0``), so channel-wise decay cannot overflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from lamina.ops.delta_rule_core import DEFAULT_CHUNK_SIZE
+
+# Elements per [chunks, C, K] temporary in the channel-decay scores (512 KB in float32): keeps the
+# dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
+# from ~40 ms to ~24 ms (one thread, T = 4096, H = 4) against one pass over all chunks.
+CACHE_BLOCK_ELEMENTS = 1 << 17
+
+
+def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _to_value_heads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    erase: torch.Tensor | None,
+    write: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    scale: float | None,
+    N: int,
+) -> tuple[torch.Tensor, ...]:
+    """Cast to the compute dtype and repeat q/k heads over their value heads (GVA).
+
+    Returns ``q * scale, k, z = w * v, e = b * k`` as ``[B, T, HV, K|V]``, the log decay as
+    ``[B, T, HV, 1|K]`` or None, and the initial state ``[N, HV, K, V]`` (zeros when None).
+    """
+    dtype = _compute_dtype(q, k, v, g, erase, write, initial_state)
+    H, K = q.shape[2], q.shape[3]
+    HV, V = v.shape[2], v.shape[3]
+    if scale is None:
+        scale = K**-0.5
+    if HV != H:
+        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+    q, k, v = q.to(dtype) * scale, k.to(dtype), v.to(dtype)
+
+    def per_head(x: torch.Tensor | None) -> torch.Tensor | None:
+        """A gate as [B, T, HV, 1] (one per head) or [B, T, HV, width] (per channel)."""
+        if x is None:
+            return None
+        return x.to(dtype) if x.dim() == 4 else x.to(dtype).unsqueeze(-1)
+
+    g, erase, write = per_head(g), per_head(erase), per_head(write)
+    e = k if erase is None else erase * k
+    z = v if write is None else write * v
+    h0 = q.new_zeros(N, HV, K, V) if initial_state is None else initial_state.to(dtype)
+    return q, k, z, e, g, h0
+
+
+class _ChunkLayout:
+    """Packed tokens cut into chunks of ``C`` that never straddle two sequences.
+
+    Sequences are ranked by chunk count (descending) and chunks stored step-major: all first
+    chunks, then all second chunks, ... so that the sequences still running at step j are the
+    first ``active[j]`` ranks and their chunks one contiguous slice starting at ``start[j]``.
+    """
+
+    def __init__(self, offsets: list[int], chunk_size: int, device: torch.device) -> None:
+        total = offsets[-1]
+        lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+        counts = [math.ceil(n / chunk_size) for n in lengths]
+        self.size = chunk_size
+        self.sequences = len(lengths)
+        self.order = sorted(range(len(lengths)), key=lambda n: -counts[n])
+        self.reordered = self.order != list(range(len(lengths)))
+        # Equal lengths that are multiples of C (the usual non-varlen batch): a permutation suffices.
+        self.uniform = len(set(lengths)) == 1 and lengths[0] % chunk_size == 0
+        bos, lens, self.start, self.active = [], [], [], []
+        for j in range(max(counts, default=0)):
+            running = [n for n in self.order if counts[n] > j]
+            self.start.append(len(bos))
+            self.active.append(len(running))
+            bos += [offsets[n] + j * chunk_size for n in running]
+            lens += [min(chunk_size, lengths[n] - j * chunk_size) for n in running]
+        self.chunks = len(bos)
+        if self.uniform:
+            return
+        pos = torch.arange(chunk_size, device=device)
+        bos_t = torch.tensor(bos, dtype=torch.long, device=device).reshape(-1, 1)
+        valid = pos < torch.tensor(lens, dtype=torch.long, device=device).reshape(-1, 1)
+        # Padding slots read row `total`, a zero row appended to every input.
+        self.gather = torch.where(valid, bos_t + pos, torch.full_like(bos_t, total))
+        self.scatter = torch.zeros(total, dtype=torch.long, device=device)
+        self.scatter[self.gather[valid]] = torch.arange(valid.numel(), device=device)[valid.flatten()]
+
+    def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, HV, D] tokens -> [NC, HV, C, D] chunks, zero-padded, contiguous (every later op is faster)."""
+        if self.uniform:
+            return rearrange(x, "(n j c) h d -> (j n) h c d", n=self.sequences, c=self.size).contiguous()
+        padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])], dim=0)
+        return rearrange(padded[self.gather], "n c h d -> n h c d").contiguous()
+
+    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """[NC, HV, C, D] chunks -> [T, HV, D] tokens."""
+        if self.uniform:
+            return rearrange(x, "(j n) h c d -> (n j c) h d", n=self.sequences)
+        return rearrange(x, "n h c d -> (n c) h d")[self.scatter]
+
+
+def _causal_decayed_scores(
+    xs: tuple[torch.Tensor, ...], y: torch.Tensor, G: torch.Tensor | None
+) -> list[torch.Tensor]:
+    """``P[i, j] = sum_c x[i, c] y[j, c] exp(G[i, c] - G[j, c])`` for ``i >= j``, 0 above the diagonal.
+
+    ``xs``, ``y``: [..., C, K]; ``G``: None, [..., C, 1] or [..., C, K], non-increasing along C.
+    Every exponent formed is ``<= 0``: masked to -inf before ``exp`` where it would be positive.
+    (In-place ops below act only on fresh temporaries whose old values autograd does not keep.)
+    """
+    C = y.shape[-2]
+    if G is None:
+        return [(x @ y.transpose(-1, -2)).tril_() for x in xs]
+    if G.shape[-1] == 1:
+        above = torch.ones(C, C, dtype=torch.bool, device=y.device).triu(1)
+        decay = (G - G.transpose(-1, -2)).masked_fill_(above, -math.inf).exp_()
+        return [(x @ y.transpose(-1, -2)) * decay for x in xs]
+    # Channel-wise decay: many passes over [chunks, C, K] temporaries, so work on cache-sized groups,
+    # each writing its rows of fresh output buffers (every entry is written once, so autograd sees copies).
+    lead = y.shape[:-2]
+    flat = lambda t: t.reshape(-1, *t.shape[-2:])
+    xs, y, G = tuple(flat(x) for x in xs), flat(y), flat(G)
+    outs = [x.new_zeros(y.shape[0], C, C) for x in xs]
+    group = max(1, CACHE_BLOCK_ELEMENTS // (C * y.shape[-1]))
+    for i in range(0, y.shape[0], group):
+        rows = slice(i, i + group)
+        _channel_decayed_scores(tuple(x[rows] for x in xs), y[rows], G[rows], [out[rows] for out in outs])
+    return [out.reshape(*lead, C, C) for out in outs]
+
+
+def _channel_decayed_scores(
+    xs: tuple[torch.Tensor, ...], y: torch.Tensor, G: torch.Tensor, outs: list[torch.Tensor]
+) -> None:
+    """Per-channel decay: writes the scores of each ``x`` into the zero-filled ``out`` [..., C, C].
+
+    Built over a binary split of the chunk. At split size s, each pair of neighbouring blocks
+    (top, bottom) contributes the bottom-left s x s block: with r the last row of the top block,
+    ``exp(G_i - G_j) = exp(G_i - G_r) * exp(G_r - G_j)`` for i in bottom and j in top, so both
+    factors have exponents <= 0 and the block is one rank-K product. The diagonal needs no decay.
+    This forms O(C K log C) exponentials instead of the O(C^2 K) of the direct pairwise form.
+    """
+    C = y.shape[-2]
+    width = 1 << (C - 1).bit_length()
+    scores = outs
+    if width != C:
+        # Pad to a power of two: zero x and y, G held at its last value (no decay, exponents stay <= 0).
+        xs = tuple(F.pad(x, (0, 0, 0, width - C)) for x in xs)
+        y = F.pad(y, (0, 0, 0, width - C))
+        G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], width - C, G.shape[-1])], dim=-2)
+        scores = [x.new_zeros(*x.shape[:-1], width) for x in xs]
+    for out, x in zip(scores, xs):
+        out.diagonal(dim1=-2, dim2=-1).copy_((x * y).sum(-1))
+    s = 1
+    while s < width:
+        nb = width // (2 * s)
+        Gb, yb = G.unflatten(-2, (nb, 2, s)), y.unflatten(-2, (nb, 2, s))
+        ref = Gb[..., 0, s - 1 : s, :]  # last row of each top block: [..., nb, 1, K]
+        row_decay = (Gb[..., 1, :, :] - ref).exp_()
+        # For s = 1 the top block is its own reference row: its factor is exp(0) = 1.
+        cols = yb[..., 0, :, :] if s == 1 else yb[..., 0, :, :] * (ref - Gb[..., 0, :, :]).exp_()
+        for out, x in zip(scores, xs):
+            rows = x.unflatten(-2, (nb, 2, s))[..., 1, :, :] * row_decay
+            low = (rows * cols).sum(-1, keepdim=True) if s == 1 else rows @ cols.transpose(-1, -2)
+            blocks = out.unflatten(-2, (nb, 2, s)).unflatten(-1, (nb, 2, s))  # [..., nb, 2, s, nb, 2, s]
+            pairs = blocks.diagonal(dim1=-6, dim2=-3)  # [..., 2, s, 2, s, nb]
+            pairs[..., 1, :, 0, :, :].copy_(low.movedim(-3, -1))
+        s *= 2
+    if width != C:
+        for out, padded in zip(outs, scores):
+            out.copy_(padded[..., :C, :C])
+
+
+def delta_rule_family_chunk_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    erase: torch.Tensor | None = None,
+    write: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The delta-rule family in the chunked (WY/UT) form, vectorised; differentiable.
+
+    Same map and argument order as ``lamina.reference.delta_rule_family_recurrent_ref``, plus
+    ``chunk_size``. Inputs are not validated here (the ops do it once).
+
+    Args:
+        q: [B, T, H, K]; k: [B, T, H, K]; v: [B, T, HV, V], ``HV % H == 0``.
+        g: None, [B, T, HV] or [B, T, HV, K] log decay. erase: None, [B, T, HV] or [B, T, HV, K].
+        write: None, [B, T, HV] or [B, T, HV, V]. scale: query scale, default ``K ** -0.5``.
+        initial_state: [N, HV, K, V] or None (zeros). output_final_state: return the final states.
+        cu_seqlens: [N + 1] offsets (B == 1); sequences never share a chunk.
+        chunk_size: tokens per chunk C (any positive int; T need not be a multiple).
+
+    Per chunk, with G the in-chunk cumulative log decay and ``S`` the incoming state::
+
+        A = (I + tril(E_bar K_bar^T, -1))^-1,  E_bar_i = b_i k_i exp(G_i), K_bar_j = k_j exp(-G_j)
+        Y = A E_bar,  U = A (w * v),  V_new = U - Y S
+        O = Q exp(G) S + tril(Q K^T with pairwise decay exp(G_i - G_j)) V_new
+        S <- exp(G_C) S + (K exp(G_C - G))^T V_new
+
+    where ``E_bar K_bar^T`` is formed from the pairwise decays, never from ``exp(-G)``.
+
+    Returns:
+        o: [B, T, HV, V] in ``v.dtype``; final_state: [N, HV, K, V] in the compute dtype, or None.
+    """
+    out_dtype = v.dtype
+    B, T, HV, V = v.shape
+    offsets = cu_seqlens.tolist() if cu_seqlens is not None else [b * T for b in range(B + 1)]
+    N = len(offsets) - 1
+    q, k, z, e, g, h0 = _to_value_heads(q, k, v, g, erase, write, initial_state, scale, N)
+    # A chunk longer than every sequence only adds zero padding: the same chunks with less work
+    # (T = 1, C = 64 fwd+bwd, B = 2, H = 4, K = V = 64: 26 ms -> 3.3 ms, one thread).
+    longest = max([0] + [b - a for a, b in zip(offsets[:-1], offsets[1:])])
+    layout = _ChunkLayout(offsets, max(1, min(chunk_size, longest)), q.device)
+    if layout.chunks == 0:
+        o = z.new_zeros(B, T, HV, V)
+        return o.to(out_dtype), (h0 if output_final_state else None)
+
+    flat = lambda x: layout.to_chunks(rearrange(x, "b t h d -> (b t) h d"))
+    q, k, z, e = flat(q), flat(k), flat(z), flat(e)  # [NC, HV, C, *]
+    G = None if g is None else flat(g).cumsum(dim=-2)  # [NC, HV, C, 1|K], padding adds no decay
+
+    qk, ek = _causal_decayed_scores((q, e), k, G)
+    # Unit lower-triangular solves read only the strictly lower part of ek (its diagonal is the
+    # b_i k_i . k_i of the scores and is ignored, and so is its gradient).
+    U = torch.linalg.solve_triangular(ek, z, upper=False, unitriangular=True)
+    if G is None:
+        Y = torch.linalg.solve_triangular(ek, e, upper=False, unitriangular=True)
+        q_gamma, k_tail, gamma_last = q, k, None
+    else:
+        gamma = G.exp()
+        Y = torch.linalg.solve_triangular(ek, e * gamma, upper=False, unitriangular=True)
+        G_last = G[..., -1:, :]
+        q_gamma = q * gamma
+        k_tail = k * (G_last - G).exp_()
+        gamma_last = G_last.exp().transpose(-1, -2)  # [NC, HV, 1|K, 1]
+
+    order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
+    state = h0.index_select(0, order) if layout.reordered else h0
+    entering, new_values = [], []
+    # The sequential pass, on [chunks * HV, *, *] batches (baddbmm fuses each product with its sum).
+    U, Y, k_tail_t = U.flatten(0, 1), Y.flatten(0, 1), k_tail.transpose(-1, -2).flatten(0, 1)
+    for start, active in zip(layout.start, layout.active):
+        rows = slice(start * HV, (start + active) * HV)
+        s = state[:active]
+        v_new = torch.baddbmm(U[rows], Y[rows], s.flatten(0, 1), alpha=-1)
+        entering.append(s)
+        new_values.append(v_new.unflatten(0, (active, HV)))
+        decayed = s if gamma_last is None else gamma_last[start : start + active] * s
+        s = torch.baddbmm(decayed.flatten(0, 1), k_tail_t[rows], v_new).unflatten(0, (active, HV))
+        state = s if active == state.shape[0] else torch.cat([s, state[active:]], dim=0)
+    entering_t, v_new_t = torch.cat(entering, dim=0), torch.cat(new_values, dim=0)
+    o = torch.matmul(q_gamma, entering_t).add_(qk @ v_new_t)
+    o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
+
+    final = None
+    if output_final_state:
+        final = state
+        if layout.reordered:
+            rank = torch.zeros(N, dtype=torch.long, device=h0.device)
+            rank[order] = torch.arange(N, device=h0.device)
+            final = state.index_select(0, rank)
+    return o.to(out_dtype), final
+
+
+
+
+def delta_rule_family_recurrent_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    erase: torch.Tensor | None = None,
+    write: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The torch path of the token-by-token ops (``fused_recurrent_*`` with gradients).
+
+    The same map as the token loop, computed in the chunked form (``delta_rule_family_chunk_torch``
+    with ``DEFAULT_CHUNK_SIZE``, or one chunk per sequence when sequences are shorter): the result
+    differs from a token loop only by rounding, and no chunk size is part of the op's arguments.
+    Autograd through the chunked form is faster than through a token loop from T = 4 on (fwd+bwd,
+    B = 2, H = 4, K = V = 64, one thread: GDN T = 64 181 ms -> 23 ms, T = 256 857 ms -> 65 ms) and
+    within 2 ms of it at T = 1-2.
+
+    Shapes as in ``delta_rule_family_chunk_torch``; returns ``o [B, T, HV, V]`` in ``v.dtype`` and
+    the final state ``[N, HV, K, V]`` in the compute dtype, or None.
+    """
+    return delta_rule_family_chunk_torch(q, k, v, g, erase, write, scale, initial_state, output_final_state,
+                                         cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE)
+
+
+__all__ = ["CACHE_BLOCK_ELEMENTS", "delta_rule_family_chunk_torch", "delta_rule_family_recurrent_torch"]
