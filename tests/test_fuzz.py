@@ -1,51 +1,202 @@
-"""`lamina fuzz`: cases pass against the references, and a wrong kernel is reported with its seed."""
+"""`lamina fuzz`: cases pass against the references; planted bugs and crashes are found, shrunk,
+saved and replayed; the command line, the case drawing and the hypothesis strategies."""
 
 from __future__ import annotations
 
+import json
+import runpy
+
 import pytest
+import torch
 
 import lamina
 from lamina import fuzz
+from lamina.fuzz import runner, space
 
 
-@pytest.mark.parametrize("op", ["delta_rule", "hrm_gated_update", "prism_attention"])
-def test_fuzz_torch_path_passes(op):
+def _quiet():
     lines: list[str] = []
-    assert fuzz.main(["--op", op, "--iters", "2", "--seed", "3", "--backend", "torch", "--device", "cpu"],
-                     log=lines.append) == 0, "\n".join(lines)
-    assert lines[-1] == "2 passed, 0 failed"
+    return lines, lines.append
+
+
+# --- clean runs: the normal (PyTorch) and the interpreter (Triton) mode ---------------------------
+
+def test_fuzz_pytorch_mode_passes_and_prints_a_summary(tmp_path):
+    lines, log = _quiet()
+    code = fuzz.main(["--seconds", "4", "--seed", "0", "--device", "cpu", "--out", str(tmp_path)], log=log)
+    assert code == 0, "\n".join(lines)
+    assert "\ntotal " in lines[-2] and "cases/min" in lines[-2] and lines[-1].endswith(" s")
+    assert "0 failed" in lines[-1] and not list(tmp_path.iterdir())
 
 
 @pytest.mark.interpret
-def test_fuzz_triton_kernels_under_interpreter():
-    lines: list[str] = []
-    code = fuzz.main(["--op", "gated_delta_rule", "--iters", "1", "--seed", "5", "--backend", "triton",
-                      "--device", "cpu"], log=lines.append)
+def test_fuzz_interpret_mode_reaches_the_triton_kernels(tmp_path):
+    lines, log = _quiet()
+    code = fuzz.main(["--interpret", "--op", "hrm_gated_update", "rms_norm_gated", "causal_conv1d", "--cases", "2",
+                      "--seed", "1", "--out", str(tmp_path)], log=log)
     assert code == 0, "\n".join(lines)
+    assert any("backend=triton" in line for line in lines if line.startswith("ok")), "\n".join(lines)
 
 
-def test_fuzz_reports_a_wrong_op_with_a_reproducer(monkeypatch):
+# --- planted bugs ----------------------------------------------------------------------------------
+
+class FloorChunkPrep:
+    """The chunk preparation kernel launched for floor(T_n / BT) chunks per sequence instead of
+    ceil(T_n / BT): a partial last chunk is never prepared (a real off-by-one of a chunk count: the
+    result is right whenever every length is a multiple of the chunk size)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            cu_seqlens, indices, T = args[10], args[11], args[13]
+            seq, within = indices[:, 0].long(), indices[:, 1].long()
+            lens = torch.full_like(seq, T) if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).long()[seq]
+            full = indices[(within + 1) * kwargs["BT"] <= lens].contiguous()
+            if full.shape[0]:
+                self.kernel[(full.shape[0] * kwargs["HV"],)](*args[:11], full, *args[12:], **kwargs)
+
+        return launch
+
+
+@pytest.mark.interpret
+def test_planted_chunk_count_off_by_one_is_found_and_shrunk(monkeypatch, tmp_path):
+    from lamina.kernels import delta_chunk_fwd
+
+    monkeypatch.setattr(delta_chunk_fwd, "_prep_fwd", FloorChunkPrep(delta_chunk_fwd._prep_fwd))
+    lines, log = _quiet()
+    report = fuzz.run(ops=["chunk_delta_rule"], cases=200, seed=0, backend="triton", grad=False, out=tmp_path,
+                      log=log, shrink_seconds=8, max_failures=1)
+    assert len(report.failures) == 1 and report.cases <= 200, "\n".join(lines)
+    failure = report.failures[0]
+    shrunk = failure.shrunk
+    T = shrunk["T"] if shrunk["lens"] is None else max(shrunk["lens"])
+    assert T <= 2 * shrunk["chunk_size"] and T % shrunk["chunk_size"] != 0, shrunk
+    assert failure.kind == "mismatch" and failure.path.exists()
+    assert any("reproduce: lamina fuzz --op chunk_delta_rule" in line and "--no-grad" in line for line in lines)
+
+
+def _negate_first_element(real):
+    def op(*args, **kwargs):
+        o, ht = real(*args, **kwargs)
+        sign = torch.ones(o.numel(), dtype=o.dtype, device=o.device)
+        sign[0] = -1
+        return o * sign.view(o.shape), ht
+
+    return op
+
+
+def test_planted_flipped_element_is_found_shrunk_saved_and_replayed(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(lamina, "chunk_gated_delta_rule", _negate_first_element(lamina.chunk_gated_delta_rule))
+    lines, log = _quiet()
+    report = fuzz.run(ops=["chunk_gated_delta_rule"], cases=200, seed=3, backend="torch", out=tmp_path, log=log,
+                      shrink_seconds=15, max_failures=1)
+    assert len(report.failures) == 1 and report.cases <= 200, "\n".join(lines)
+    failure = report.failures[0]
+    shrunk = failure.shrunk
+    assert shrunk["T"] is not None and shrunk["T"] <= 2 * shrunk["chunk_size"], shrunk
+    assert all(shrunk[key] <= failure.original[key] for key in ("B", "H", "ratio", "K", "V")), shrunk
+    saved = json.loads(failure.path.read_text())
+    assert saved["case"] == shrunk and saved["original"] == failure.original and saved["kind"] == "mismatch"
+    # replay: the saved case still fails (exit 1) while the bug is in, the snippet raises the same way
+    replay_lines, replay_log = _quiet()
+    assert fuzz.main(["--replay", str(failure.path)], log=replay_log) == 1
+    assert replay_lines[0].startswith("still fails")
+    with pytest.raises(AssertionError, match="^o: "):
+        runpy.run_path(str(failure.path.with_suffix(".py")), run_name="__main__")
+    monkeypatch.undo()  # bug fixed: the replay passes, the snippet runs clean
+    assert fuzz.main(["--replay", str(failure.path)], log=replay_log) == 0
+    runpy.run_path(str(failure.path.with_suffix(".py")), run_name="__main__")
+    assert "passed: the failure no longer reproduces" in capsys.readouterr().out
+
+
+def test_crashes_are_reported_shrunk_and_saved(monkeypatch, tmp_path):
     real = lamina.hrm_gated_update
 
-    def off_by_a_bit(*args, **kwargs):
-        return real(*args, **kwargs) * (1 + 1e-2)
+    def crashes_past_three_rows(h, *args, **kwargs):
+        if h.shape[0] > 3:
+            raise RuntimeError("planted crash")
+        return real(h, *args, **kwargs)
 
-    monkeypatch.setattr(lamina, "hrm_gated_update", off_by_a_bit)
-    lines: list[str] = []
-    code = fuzz.main(["--op", "hrm_gated_update", "--iters", "1", "--seed", "11", "--backend", "torch",
-                      "--device", "cpu", "--no-grad"], log=lines.append)
-    assert code == 1
+    monkeypatch.setattr(lamina, "hrm_gated_update", crashes_past_three_rows)
+    lines, log = _quiet()
+    code = fuzz.main(["--op", "hrm_gated_update", "--cases", "6", "--seed", "4", "--no-grad", "--out", str(tmp_path),
+                      "--shrink-seconds", "10"], log=log)
     text = "\n".join(lines)
-    assert "FAIL" in text and "--seed 11" in text and lines[-1] == "0 passed, 1 failed"
+    assert code == 1 and "CRASH" in text and "planted crash" in text
+    assert "reproduce: lamina fuzz --op hrm_gated_update --seed 4 --index " in text and "--no-grad" in text
+    saved = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("hrm_gated_update-*.json"))]
+    assert saved and all(s["kind"] == "crash:RuntimeError" and s["case"]["rows"] == 4 for s in saved), saved
+    assert (tmp_path / "hrm_gated_update-0.py").exists()
 
+
+# --- command line, case drawing, shrinking ----------------------------------------------------------
 
 def test_fuzz_rejects_bad_arguments():
-    with pytest.raises(SystemExit):
-        fuzz.main(["--op", "nope"])
-    with pytest.raises(SystemExit):
-        fuzz.main(["--iters", "0"])
+    for argv in (["--op", "nope"], ["--cases", "0"], ["--seconds", "0"], ["--dtype", "float8"]):
+        with pytest.raises(SystemExit):
+            fuzz.main(argv, log=lambda line: None)
 
 
-def test_fuzz_cases_are_reproducible():
-    assert fuzz.run_case("hrm_gated_update", 7, "cpu", "torch", False) == \
-        fuzz.run_case("hrm_gated_update", 7, "cpu", "torch", False)
+def test_iters_is_an_alias_of_cases():
+    lines, log = _quiet()
+    assert fuzz.main(["--op", "rms_norm_gated", "--iters", "2", "--backend", "torch"], log=log) == 0
+    assert "2 passed, 0 failed" in lines[-1]
+
+
+def test_cases_are_reproducible_and_vary_by_op_and_index():
+    a = space.draw_case("chunk_kda", 7, 3)
+    assert a == space.draw_case("chunk_kda", 7, 3) and json.loads(json.dumps(a)) == a
+    shapes = {tuple(space.draw_case(op, 7, 3)[key] for key in ("H", "ratio", "K", "V"))
+              for op in space.DELTA_OPS}
+    assert len(shapes) > 1  # variants of one seed and index get different shapes
+    assert a != space.draw_case("chunk_kda", 7, 4) != space.draw_case("chunk_kda", 8, 3)
+
+
+def test_reproducer_names_every_option():
+    case = space.draw_case("chunk_gdn2", 5, 9, backend="triton", interpret=True, grad=False)
+    line = runner.reproducer(case, "auto", ("float16",), interpret=True)
+    for part in ("--op chunk_gdn2", "--seed 5", "--index 9", "--device cpu", "--backend auto", "--interpret",
+                 "--dtype float16", "--no-grad"):
+        assert part in line
+
+
+def test_space_covers_the_options():
+    drawn = [space.draw_case(op, 0, i) for op in space.DELTA_OPS for i in range(12)]
+    for key in ("initial_state", "output_final_state", "l2norm", "gate_in_kernel", "beta_sigmoid",
+                "allow_neg_eigval", "state_v_first", "gk", "dt_bias"):
+        assert any(c[key] for c in drawn), key
+    assert any(c["lens"] and 1 in c["lens"] for c in drawn) and any(c["T"] == 1 for c in drawn)
+    assert any(c["lower_bound"] is not None for c in drawn) and any(not c["beta"] for c in drawn)
+    assert {c.get("chunk_size") for c in drawn} >= {16, 32, 64}
+    interp = [space.draw_case(op, 0, i, interpret=True) for op in space.KERNEL_OPS for i in range(4)]
+    assert {c["backend"] for c in interp} == {"torch", "triton"}
+    assert all(c["dtype"] == "float32" for c in interp if c["backend"] == "torch")
+
+
+def test_shrinking_keeps_only_changes_that_still_fail():
+    case = space.draw_case("causal_conv1d", 1, 0)
+    case.update(B=2, T=40, lens=None, D=64, bias=True, residual=True)
+
+    def fails_while_wide(c):
+        if c["D"] >= 20 and c["residual"]:
+            raise AssertionError("y: planted")
+
+    from lamina.fuzz.shrink import shrink_case
+    shrunk, message, steps = shrink_case(case, "mismatch", fails_while_wide, seconds=10)
+    assert shrunk["D"] == 20 and shrunk["residual"] and shrunk["T"] == 1 and shrunk["B"] == 1 and not shrunk["bias"]
+    assert message == "AssertionError: y: planted" and steps > 0
+
+
+def test_hypothesis_strategies_draw_runnable_cases():
+    hypothesis = pytest.importorskip("hypothesis")
+    from lamina._strategies import check_case, delta_rule_cases
+
+    @hypothesis.settings(max_examples=4, deadline=None, derandomize=True)
+    @hypothesis.given(delta_rule_cases("fused_recurrent_kda", max_t=12, max_dim=16))
+    def check(case):
+        assert case["op"] == "fused_recurrent_kda" and case["K"] <= 16 and case["V"] <= 16
+        check_case(case)
+
+    check()

@@ -1,0 +1,93 @@
+"""Helpers shared by the case checks: dtypes, seeded tensors, cotangents, gradient comparison."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+from lamina.testing import assert_close
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class Draw:
+    """float64 tensors from one seeded CPU generator (the same numbers on every device)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float64)
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=self.gen, dtype=torch.float64)
+
+    def cotangent(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A random cotangent already rounded to the output's ``dtype`` (float64 values), so that the op
+        and the oracle differentiate the same loss."""
+        return self.randn(*shape).to(dtype).double()
+
+
+def offsets(lens: list[int], device: str) -> torch.Tensor:
+    """``cu_seqlens [N + 1]`` int32 of a pack of sequences of lengths ``lens``."""
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def leaf(x: torch.Tensor | None, dtype: torch.dtype, device: str, grad: bool) -> torch.Tensor | None:
+    """``x`` rounded to ``dtype`` on ``device``, a leaf that requires grad when ``grad``."""
+    if x is None:
+        return None
+    return x.to(dtype).to(device).detach().requires_grad_(grad)
+
+
+def as_ref(x: torch.Tensor | None, grad: bool) -> torch.Tensor | None:
+    """The float64 CPU copy of an op input (the same rounded values), a leaf for the oracle."""
+    if x is None:
+        return None
+    return x.detach().double().cpu().requires_grad_(grad)
+
+
+def backward(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> None:
+    """Backward of ``sum <output, cotangent>`` (cotangents float64 on CPU, cast to each output)."""
+    pairs = [(o, c.to(o.device, o.dtype)) for o, c in zip(outputs, cotangents) if o is not None and o.requires_grad]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
+
+
+def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.Tensor | None],
+                  kinds: dict[str, tuple[str, torch.dtype]]) -> None:
+    """``d<name>`` of every input that requires grad against the oracle's; ``kinds[name]`` is
+    ``(kind, dtype row)`` of the tolerance table."""
+    for name, x in inputs.items():
+        if x is None or not x.requires_grad:
+            continue
+        ref = refs[name].grad
+        if x.grad is None:
+            if ref is not None and bool(ref.ne(0).any()):
+                raise AssertionError(f"d{name}: the op gave no gradient, the reference a nonzero one")
+            continue
+        if ref is None:
+            ref = torch.zeros_like(refs[name])
+        kind, dtype = kinds[name]
+        assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype)
+
+
+@contextlib.contextmanager
+def pytorch_dispatch() -> Iterator[None]:
+    """``backend="auto"`` picks PyTorch on CPU inside this block, even under ``TRITON_INTERPRET=1``
+    (the dispatcher reads the variable at every call): runs a float64 layer copy as the oracle."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old

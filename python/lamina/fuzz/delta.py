@@ -1,0 +1,174 @@
+"""One fuzz case of a delta-rule op (``chunk_*`` and ``fused_recurrent_*``) against the float64 token loop.
+
+The fuzzer applies fla's input transforms (l2norm, gate activation, beta sigmoid, ``g + gk``)
+itself, in float64, to the same rounded inputs the op gets, then calls
+``lamina.reference.delta_rule_family_recurrent_ref``; outputs, final states and the gradient of
+every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
+compared with ``lamina.testing.assert_close`` (recurrence rows of the table).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lamina.fuzz.common import DTYPES, Draw, as_ref, backward, compare_grads, leaf, offsets
+from lamina.fuzz.space import DELTA_SPECS
+from lamina.testing import assert_close
+
+L2NORM_EPS = 1e-6  # fla's l2norm: x / sqrt(sum x^2 + eps)
+
+
+# --- the input transforms, in float64, written out for the oracle ---------------------------------
+
+def l2norm64(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def gate64(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+           lower_bound: float | None) -> torch.Tensor:
+    """fla's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, or with ``lower_bound``
+    ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``; A_log per head, dt_bias per head (and channel)."""
+    x = g if dt_bias is None else g + dt_bias.reshape(g.shape[2:])
+    a = A_log.reshape(-1, *([1] * (g.dim() - 3))).exp()
+    if lower_bound is not None:
+        return lower_bound * torch.sigmoid(a * x)
+    return -a * F.softplus(x)
+
+
+def beta64(beta: torch.Tensor, sigmoid: bool, neg_eigval: bool) -> torch.Tensor:
+    if not sigmoid:
+        return beta
+    return torch.sigmoid(beta) * (2.0 if neg_eigval else 1.0)
+
+
+def _decay(draw: Draw, shape: tuple[int, ...], strength: str) -> torch.Tensor:
+    if strength == "mild":
+        return F.logsigmoid(draw.randn(*shape) + 4)
+    if strength == "moderate":
+        return F.logsigmoid(draw.randn(*shape))
+    return -20.0 * draw.rand(*shape)
+
+
+# --- the case --------------------------------------------------------------------------------------
+
+def _masters(case: dict, draw: Draw) -> dict[str, torch.Tensor | None]:
+    """float64 values of every op input (before rounding to the case dtype)."""
+    spec = DELTA_SPECS[case["op"]]
+    B = case["B"]
+    T = case["T"] if case["lens"] is None else sum(case["lens"])
+    N = B if case["lens"] is None else len(case["lens"])
+    H, K, V = case["H"], case["K"], case["V"]
+    HV = H * case["ratio"]
+    x: dict[str, torch.Tensor | None] = dict.fromkeys(("q", "k", "v", "g", "gk", "beta", "b", "w",
+                                                       "initial_state", "A_log", "dt_bias"))
+    x["q"] = draw.randn(B, T, H, K)
+    k = draw.randn(B, T, H, K)
+    # without the in-op l2norm the keys must be unit vectors (the recurrence is only stable then)
+    x["k"] = k * (0.5 + 2 * draw.rand(1)) if case["l2norm"] else F.normalize(k, dim=-1)
+    x["v"] = draw.randn(B, T, HV, V)
+    g_shape = (B, T, HV) if spec.g == "scalar" else (B, T, HV, K)
+    if case["g"]:
+        if case["gate_in_kernel"]:
+            x["g"] = draw.randn(*g_shape)
+            strong = case["gate_strength"] == "extreme"
+            x["A_log"] = torch.log(draw.rand(HV) * (15.0 if strong else 0.9) + (1.0 if strong else 0.1))
+            if case["dt_bias"]:
+                x["dt_bias"] = draw.randn(HV if spec.g == "scalar" else HV * K)
+        else:
+            x["g"] = _decay(draw, g_shape, case["gate_strength"])
+    if case["gk"]:
+        x["gk"] = _decay(draw, (B, T, HV, K), case["gate_strength"])
+    if spec.gates == "bw":
+        x["b"] = torch.sigmoid(draw.randn(B, T, HV, K))
+        x["w"] = torch.sigmoid(draw.randn(B, T, HV, V))
+    elif case["beta"]:
+        x["beta"] = draw.randn(B, T, HV) if case["beta_sigmoid"] else torch.sigmoid(draw.randn(B, T, HV))
+    if case["initial_state"]:
+        x["initial_state"] = draw.randn(N, HV, K, V)
+        if case["state_v_first"]:
+            x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    return x
+
+
+# Inputs kept in float32 whatever the case dtype (log decays, states and gate parameters, as models keep them).
+_FP32_INPUTS = ("g", "gk", "initial_state", "A_log", "dt_bias")
+
+
+def _call(case: dict, x: dict, cu: torch.Tensor | None):
+    import lamina
+
+    spec = DELTA_SPECS[case["op"]]
+    kw = dict(q=x["q"], k=x["k"], v=x["v"], scale=case["scale"], initial_state=x["initial_state"],
+              output_final_state=case["output_final_state"], use_qk_l2norm_in_kernel=case["l2norm"],
+              cu_seqlens=cu, backend=case["backend"])
+    if spec.chunked:
+        kw["chunk_size"] = case["chunk_size"]
+    if spec.v_first:
+        kw["state_v_first"] = case["state_v_first"]
+    if spec.g is not None:
+        kw["g"] = x["g"]
+    if spec.gk:
+        kw["gk"] = x["gk"]
+    if spec.gates == "bw":
+        kw.update(b=x["b"], w=x["w"])
+    else:
+        kw["beta"] = x["beta"]
+    if spec.beta_sigmoid:
+        kw.update(use_beta_sigmoid_in_kernel=case["beta_sigmoid"], allow_neg_eigval=case["allow_neg_eigval"])
+    if spec.gate_in_kernel:
+        kw.update(use_gate_in_kernel=case["gate_in_kernel"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+    if spec.lower_bound and case["lower_bound"] is not None:
+        kw["lower_bound"] = case["lower_bound"]
+    return getattr(lamina, case["op"])(**kw)
+
+
+def _oracle(case: dict, r: dict, cu: torch.Tensor | None):
+    from lamina.reference import delta_rule_family_recurrent_ref
+
+    spec = DELTA_SPECS[case["op"]]
+    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    g = r["g"]
+    if g is not None and case["gate_in_kernel"]:
+        g = gate64(g, r["A_log"], r["dt_bias"], case["lower_bound"])
+    if r["gk"] is not None:
+        g = r["gk"] if g is None else g[..., None] + r["gk"]
+    if spec.gates == "bw":
+        erase, write = r["b"], r["w"]
+    else:
+        beta = r["beta"] if r["beta"] is not None else torch.ones(q.shape[:2] + (r["v"].shape[2],), dtype=q.dtype)
+        erase = write = beta64(beta, case["beta_sigmoid"], case["allow_neg_eigval"])
+    h0 = r["initial_state"]
+    if h0 is not None and case["state_v_first"]:
+        h0 = h0.transpose(-1, -2)
+    o, ht = delta_rule_family_recurrent_ref(q, k, r["v"], g=g, erase=erase, write=write, scale=case["scale"],
+                                            initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    if case["state_v_first"]:
+        ht = ht.transpose(-1, -2)
+    return o, ht
+
+
+def check_delta(case: dict) -> None:
+    """Run the case; AssertionError on a mismatch (any other exception is a crash of the op)."""
+    dtype, device, grad = DTYPES[case["dtype"]], case["device"], case["grad"]
+    draw = Draw(case["seed"])
+    masters = _masters(case, draw)
+    x = {name: leaf(m, torch.float32 if name in _FP32_INPUTS else dtype, device, grad)
+         for name, m in masters.items()}
+    refs = {name: as_ref(t, grad) for name, t in x.items()}
+    cu = None if case["lens"] is None else offsets(case["lens"], device)
+    o, ht = _call(case, x, cu)
+    o_ref, ht_ref = _oracle(case, refs, None if cu is None else cu.cpu())
+    assert_close("o", o, o_ref, dtype=dtype)
+    if case["output_final_state"]:
+        if ht is None:
+            raise AssertionError("final_state: None with output_final_state=True")
+        assert_close("final_state", ht, ht_ref, dtype=dtype)
+    elif ht is not None:
+        raise AssertionError("final_state: returned with output_final_state=False")
+    if not grad:
+        return
+    do, dht = draw.cotangent(o.shape, o.dtype), draw.cotangent(ht_ref.shape, torch.float32)
+    backward([o, ht], [do, dht])
+    backward([o_ref, ht_ref if case["output_final_state"] else None], [do, dht])
+    compare_grads(x, refs, {name: ("recurrence", dtype) for name in x})
