@@ -32,17 +32,24 @@ with ``allow_neg_eigval``) are applied here with PyTorch ops, in float32, before
 every backend; autograd differentiates them, so ``A_log`` and ``dt_bias`` get gradients.
 The results are fla's to float32 rounding (fla fuses the same formulas into its kernels).
 
-Gradients: the chunked ops differentiate through ``kernels.delta_chunk_bwd`` (Triton) or the
-PyTorch chunked reference (``backend="torch"``). The ``fused_recurrent_*`` ops share that backward:
-on the Triton path it recomputes the chunk states with the chunked forward, on the torch path
-autograd runs through the token-loop reference.
+Gradients: the chunked ops differentiate through ``kernels.delta_chunk_bwd`` (Triton) or, with
+``backend="torch"``, autograd through the vectorised chunked PyTorch path ``lamina.ops.delta_rule_cpu``
+(tested against the naive references, not one of them). The ``fused_recurrent_*`` ops share that
+backward: on the Triton path it recomputes the chunk states with the chunked forward, on the torch
+path they run the same chunked PyTorch form (the token-by-token map up to rounding).
 """
 
 from __future__ import annotations
 
 import torch
 
-from lamina._validate import check_same_device
+from lamina._validate import (
+    check_gate_dtype,
+    check_no_overlap,
+    check_nonpositive,
+    check_same_device,
+    check_scale,
+)
 from lamina.ops.delta_rule_core import (
     DEFAULT_CHUNK_SIZE,
     KERNEL_DTYPES,
@@ -133,6 +140,18 @@ def _run(
     pool = decode is not None and decode["ssm_state_indices"] is not None
     N = validate_inputs(op, q, k, v, gates, None if pool else initial_state, cu_seqlens, chunk_size,
                         cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+    _check_dtypes_and_ranges(q, v, gates, scale, raw_gate=use_gate_in_kernel)
+    if decode is not None:
+        check_no_overlap("out", decode["out"], q=q, k=k, v=v, initial_state=initial_state,
+                         **{n: x for n, (x, _) in gates.items()})
+    if T == 0 and (decode is None or not decode["used"]):
+        # nothing to run: an empty output, and each state passes through unchanged (identity gradient)
+        if not output_final_state:
+            return v.clone(), None
+        if initial_state is not None:
+            return v.clone(), initial_state.clone()
+        shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        return v.clone(), q.new_zeros(shape, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     if recurrent and not needs_grad:
         if use_gate_in_kernel:
             if g is None:
@@ -167,6 +186,28 @@ def _run(
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return o, ht
+
+
+def _check_dtypes_and_ranges(q: torch.Tensor, v: torch.Tensor, gates: dict, scale: object, raw_gate: bool) -> None:
+    """What ``validate_inputs`` leaves to the op: v's dtype, the gates' dtypes, ``scale``, and ``g <= 0``.
+
+    Gates (``g``, ``gk``, ``beta``, ``b``, ``w``) are in q's dtype or float32. The log decays ``g``
+    and ``gk`` must be <= 0 (``exp(g)`` is a decay; the chunked kernels take exponents relative to a
+    row of the same sub-chunk, exact only for non-positive gates): checked on CPU tensors, where it
+    costs no device sync; on CUDA it is the caller's contract, as in fla. With
+    ``use_gate_in_kernel`` ``g`` is the raw gate input (any sign) and is not checked.
+    """
+    if v.dtype != q.dtype:
+        raise ValueError(f"v must have the dtype of q ({str(q.dtype).replace('torch.', '')}), "
+                         f"got {str(v.dtype).replace('torch.', '')}")
+    for name, (x, _) in gates.items():
+        if x is not None:
+            check_gate_dtype(name, x, q.dtype)
+    check_scale("scale", scale)
+    for name in ("g", "gk"):
+        x = gates.get(name, (None, None))[0]
+        if x is not None and not (raw_gate and name == "g"):
+            check_nonpositive(name, x)
 
 
 def _decode_keywords(inplace_final_state: bool = False, ssm_state_indices: torch.Tensor | None = None,

@@ -28,7 +28,7 @@ import torch
 
 from lamina._dispatch import interpreter_enabled, select_backend
 from lamina._optional import compiled_extension
-from lamina._validate import FLOAT_DTYPES, check_same_device, check_tensor
+from lamina._validate import FLOAT_DTYPES, check_same_device, check_tensor, overlaps
 
 OP = "hrm_gated_update"
 BACKENDS = ("auto", "triton", "cuda", "torch", "cpu-ext")
@@ -222,22 +222,6 @@ class HrmGatedUpdateFunction(torch.autograd.Function):
 
 # --- validation and the functional API -----------------------------------------------------------
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when the memory of ``a`` and ``b`` intersects (conservative for strided tensors)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        last = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) * t.element_size()
-        return start, start + last + t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
-
-
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
             and a.dtype == b.dtype)
@@ -296,7 +280,7 @@ def _validate_out(out, h, c, gate_logits, bias, norm_weight) -> None:
     inputs = (("h", h), ("c", c), ("gate_logits", gate_logits), ("bias", bias), ("norm_weight", norm_weight))
     records_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for _, t in inputs)
     for name, t in inputs:
-        if t is None or not _overlaps(out, t):
+        if t is None or not overlaps(out, t):
             continue
         if records_grad:
             raise ValueError(

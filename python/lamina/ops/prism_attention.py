@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from lamina._dispatch import select_backend
-from lamina._validate import check_cu_seqlens, check_same_device, check_tensor
+from lamina._validate import check_bool, check_cu_seqlens, check_same_device, check_scale, check_tensor
 from lamina.kernels.prism_attn_common import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -63,8 +63,7 @@ def _check_inputs(
             f"k: the number of key/value heads must divide the query heads H={num_heads} (GQA/MQA), "
             f"got HKV={k.shape[2]}"
         )
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    check_scale("scale", scale)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError(
             "cu_seqlens_q and cu_seqlens_k must be given together, got "
@@ -171,7 +170,8 @@ def _attention_torch_sdpa(
 ) -> torch.Tensor:
     """PyTorch's fused attention (any head dim on CPU), when no lse is asked for and every row sees a key.
 
-    Computes in float32 at least, like the blockwise path, so the torch backend's precision does not
+    A query row with a NaN gives NaN, as in the blockwise path and the reference. Computes in
+    float32 at least, like the blockwise path, so the torch backend's precision does not
     depend on which of the two runs. Measured on 2 CPU cores at 1x1024x10x64 causal fp32: 10 ms here
     against 114 ms for the blockwise path.
     """
@@ -186,6 +186,9 @@ def _attention_torch_sdpa(
         rows = torch.arange(seqlen_q, device=q.device)[:, None]
         mask = torch.arange(seqlen_k, device=q.device)[None, :] <= rows + (seqlen_k - seqlen_q)
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    # SDPA returns 0 for a query row holding a NaN; the reference (and the blockwise path) return NaN.
+    # Restored here without a host read: NaN inputs propagate on every path (lamina._validate).
+    o = torch.where(torch.isnan(qt).any(-1, keepdim=True), torch.nan, o)
     return rearrange(o, "b h t d -> b t h d").to(q.dtype)
 
 
@@ -217,8 +220,8 @@ def _attention_torch_dense(
         probs = torch.exp(scores - lse_shift[..., None])
         outs.append(torch.einsum("bhgts,bhsd->bhgtd", probs, vg))
         lses.append(lse)
-    if not outs:  # T == 0
-        return torch.zeros_like(q), q.new_zeros((q.shape[0], q.shape[2], 0), dtype=torch.float32)
+    if not outs:  # T == 0: an empty output (a clone, so that autograd reaches q)
+        return q.clone(), q.new_zeros((q.shape[0], q.shape[2], 0), dtype=torch.float32)
     o = rearrange(torch.cat(outs, dim=3), "b hk g t d -> b t (hk g) d").to(q.dtype)
     lse = rearrange(torch.cat(lses, dim=3), "b hk g t -> b (hk g) t").float()
     return o, lse
@@ -286,8 +289,11 @@ def prism_attention(
     """
     max_seqlen_q, max_seqlen_k = _check_inputs(q, k, v, scale, cu_seqlens_q, cu_seqlens_k,
                                                max_seqlen_q, max_seqlen_k)
+    causal = check_bool("causal", causal)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     path = select_backend("prism_attention", backend, [q, k, v, cu_seqlens_q, cu_seqlens_k])
+    if q.shape[1] == 0 or k.shape[1] == 0:  # nothing to attend: no kernel launch (same result: empty, or o = 0)
+        path = "torch"
     if path == "torch":
         o, lse = _attention_torch(q, k, v, bool(causal), scale, cu_seqlens_q, cu_seqlens_k, need_lse=return_lse)
     else:

@@ -28,7 +28,7 @@ import torch
 from einops import rearrange
 
 from lamina._dispatch import select_backend
-from lamina._validate import check_same_device, check_tensor
+from lamina._validate import check_no_overlap, check_same_device, check_scale, check_tensor
 from lamina.kernels.prism_attn_common import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,6 +89,7 @@ def _check_inputs(
                          f"got {tuple(k_cache.shape)}")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    check_no_overlap("v_cache", v_cache, k_cache=k_cache)
     num_kv_heads = k_cache.shape[2]
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"k_cache: the number of key/value heads must divide the query heads H={num_heads} "
@@ -124,8 +125,7 @@ def _check_inputs(
         if v.shape != k.shape:
             raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
         seqlen_new = k.shape[1]
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    check_scale("softmax_scale", softmax_scale)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: heuristic), got {num_splits!r}")
 

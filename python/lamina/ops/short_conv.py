@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lamina._dispatch import select_backend
-from lamina._validate import check_cu_seqlens, check_same_device, check_tensor
+from lamina._validate import check_cu_seqlens, check_no_overlap, check_same_device, check_tensor
 
 OP = "causal_conv1d"
 OP_UPDATE = "causal_conv1d_update"
@@ -385,6 +385,7 @@ def causal_conv1d_update(
             raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
     silu = _check_activation(activation)
     check_same_device(x=x, cache=cache, weight=weight, bias=bias, residual=residual)
+    check_no_overlap("cache", cache, x=x, residual=residual, weight=weight, bias=bias)
     path = _resolve(OP_UPDATE, backend, x, W, (x, cache, weight, bias, residual))
 
     x2 = x.reshape(N, D)
