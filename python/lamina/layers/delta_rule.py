@@ -26,6 +26,7 @@ from einops import rearrange
 from torch import nn
 
 import lamina.ops.delta_rule as ops
+from lamina._validate import check_layer_input, check_positive_int
 
 MODES = ("delta", "gdn", "kda", "gdn2")
 # Inference inputs this short go through the token-by-token kernel (fla switches at 64 too).
@@ -93,8 +94,12 @@ class DeltaRuleAttention(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        head_dim = head_dim or hidden_size // num_heads
-        num_v_heads = num_v_heads or num_heads
+        check_positive_int("hidden_size", hidden_size)
+        check_positive_int("num_heads", num_heads)
+        head_dim = check_positive_int("head_dim", hidden_size // num_heads if head_dim is None else head_dim)
+        num_v_heads = check_positive_int("num_v_heads", num_heads if num_v_heads is None else num_v_heads)
+        if use_short_conv:
+            check_positive_int("conv_size", conv_size)
         if num_v_heads % num_heads != 0:
             raise ValueError(f"num_v_heads ({num_v_heads}) must be a multiple of num_heads ({num_heads})")
         self.mode, self.backend, self.chunk_size = mode, backend, chunk_size
@@ -126,8 +131,7 @@ class DeltaRuleAttention(nn.Module):
         initial_state: torch.Tensor | None = None,
         output_final_state: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if x.dim() != 3:
-            raise ValueError(f"x must have shape [B, T, hidden_size], got {tuple(x.shape)}")
+        check_layer_input("x", x, self, width=self.q_proj.in_features, width_name="hidden_size")
         qkv = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
         if self.convs is not None:
             qkv = [conv(t, cu_seqlens) for conv, t in zip(self.convs, qkv)]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lamina.ops.delta_rule as ops
+from lamina._validate import check_positive_int
 from lamina.layers.fla_base import FUSED_RECURRENT_MAX_T, FlaDeltaLayer
 from lamina.layers.norm import FusedRMSNormGated, RMSNorm
 
@@ -71,6 +72,9 @@ class DeltaNet(FlaDeltaLayer):
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
         if d_model is not None:
             hidden_size = d_model
+        check_positive_int("hidden_size", hidden_size)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("conv_size", conv_size)
         self.mode, self.qk_activation, self.qk_norm = mode, qk_activation, qk_norm
         self.hidden_size, self.expand_k, self.expand_v = hidden_size, expand_k, expand_v
         self.num_heads = self.num_v_heads = num_heads

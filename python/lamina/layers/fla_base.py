@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from lamina._validate import check_layer_input, check_positive_int
 from lamina.layers.norm import FusedRMSNormGated
 from lamina.layers.padding import check_attention_mask, repad, unpad
 from lamina.layers.short_conv import ShortConvolution
@@ -77,6 +78,11 @@ class FlaDeltaLayer(nn.Module):
                    conv_size: int, conv_bias: bool, layer_idx: int | None) -> None:
         """Head geometry and options of GatedDeltaNet, KDA and GDN-2 (fla's attribute names)."""
         self._check_mode(mode)
+        for name, value in (("hidden_size", hidden_size), ("head_dim", head_dim), ("num_heads", num_heads),
+                            ("conv_size", conv_size)):
+            check_positive_int(name, value)
+        if num_v_heads is not None:
+            check_positive_int("num_v_heads", num_v_heads)
         self.mode, self.allow_neg_eigval = mode, allow_neg_eigval
         self.hidden_size, self.expand_v = hidden_size, expand_v
         self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
@@ -228,12 +234,8 @@ class FlaDeltaLayer(nn.Module):
             **kwargs: other arguments model stacks pass to every layer (e.g. ``position_ids``),
                 unused here as in fla.
         """
-        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-            got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
-            raise ValueError(f"hidden_states must be [batch, seq_len, hidden_size], got {got}")
-        batch_size, q_len, width = hidden_states.shape
-        if width != self.hidden_size:
-            raise ValueError(f"hidden_states must have hidden size {self.hidden_size} (last dim), got {width}")
+        check_layer_input("hidden_states", hidden_states, self, width=self.hidden_size, width_name="hidden_size")
+        batch_size, q_len, _ = hidden_states.shape
         mode = self._choose_mode(q_len)
         entry = self._layer_cache(past_key_values)
         x, where = hidden_states, None

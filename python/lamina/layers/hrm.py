@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from lamina._validate import check_bool, check_eps, check_layer_input
 from lamina.ops.hrm_update import GATES, hrm_gated_update
 
 MODES = ("hierarchical", "flat", "one_step")
@@ -62,6 +63,7 @@ class HRMGatedUpdate(nn.Module):
         _check_positive("d_model", d_model)
         if gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+        norm, context, eps = check_bool("norm", norm), check_bool("context", context), check_eps("eps", eps)
         self.d_model, self.gate, self.eps, self.backend, self.has_context = d_model, gate, eps, backend, context
         n_in = 3 if context else 2
         gate_dim = d_model if gate == "channel" else 1
@@ -75,6 +77,13 @@ class HRMGatedUpdate(nn.Module):
             raise ValueError("context must be given: this HRMGatedUpdate was built with context=True")
         if not self.has_context and context is not None:
             raise ValueError("context must be None: this HRMGatedUpdate was built with context=False")
+        check_layer_input("h", h, self, width=self.d_model, ndim=None, width_name="d_model")
+        for name, x in (("c", c), ("context", context)):
+            if x is not None:
+                check_layer_input(name, x, self, width=self.d_model, ndim=None, match_dtype=False,
+                                  width_name="d_model")
+                if x.shape != h.shape:
+                    raise ValueError(f"{name} must have the shape of h {tuple(h.shape)}, got {tuple(x.shape)}")
         # one dtype for the fused op: under autocast the block output c and the logits may be
         # lower precision than the state h
         c = c.to(h.dtype)
@@ -210,10 +219,12 @@ class HRMCore(nn.Module):
         so each application of a shared block keeps its own state (e.g. the keys and values of the
         earlier tokens at that application). None: the blocks are called as ``block(input)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape [B, T, {self.d_model}], got {tuple(x.shape)}")
+        check_layer_input("x", x, self, width=self.d_model, width_name="d_model")
         entries = None
         if cache is not None:
+            if not isinstance(cache, Sequence) or isinstance(cache, str):
+                raise TypeError(f"cache must be a sequence of {self.block_applications} entries (one per block "
+                                f"call), got {type(cache).__name__}")
             if len(cache) != self.block_applications:
                 raise ValueError(f"cache must have one entry per block call ({self.block_applications}), "
                                  f"got {len(cache)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lamina._validate import check_bool, check_eps, check_positive_int
 from lamina.ops.rms_norm_gated import ACTIVATIONS, rms_norm, rms_norm_gated
 
 
@@ -35,14 +36,14 @@ class RMSNorm(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.hidden_size = hidden_size
-        self.elementwise_affine = elementwise_affine
-        self.eps = eps
+        self.hidden_size = check_positive_int("hidden_size", hidden_size)
+        self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
+        self.eps = check_eps("eps", eps)
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
-            if bias:
+            if check_bool("bias", bias):
                 self.bias = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -92,9 +93,9 @@ class FusedRMSNormGated(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        self.hidden_size = hidden_size
-        self.elementwise_affine = elementwise_affine
-        self.eps = eps
+        self.hidden_size = check_positive_int("hidden_size", hidden_size)
+        self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
+        self.eps = check_eps("eps", eps)
         self.activation = activation
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)

@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from lamina._dispatch import BACKENDS
-from lamina._validate import check_cu_seqlens, check_tensor
+from lamina._validate import check_bool, check_cu_seqlens, check_layer_input, check_tensor
 from lamina.generation import GenerationMixin, prefix_lengths
 from lamina.layers.rotary import RotaryEmbedding, apply_rotary
 from lamina.schedule import PrismSchedule
@@ -339,9 +339,8 @@ class PrismAttention(nn.Module):
 
         Returns: ``[B, T, d_model]``.
         """
-        check_tensor("x", x, ndim=3)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape [B, T, d_model={self.d_model}], got {tuple(x.shape)}")
+        check_layer_input("x", x, self, width=self.d_model, width_name="d_model")
+        causal = check_bool("causal", causal)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
         if cache is not None and cu_seqlens is not None:
@@ -441,6 +440,7 @@ class PrismBlock(nn.Module):
     ) -> torch.Tensor:
         """``x: [B, T, d_model]`` -> ``[B, T, d_model]``; ``cache``, ``cu_seqlens``, ``causal``,
         ``attention_mask`` as in ``PrismAttention.forward``."""
+        check_layer_input("x", x, self, width=self.attn.d_model, width_name="d_model")
         x = x + self.attn(self.attn_norm(x), cache=cache, cu_seqlens=cu_seqlens, causal=causal,
                           attention_mask=attention_mask)
         return x + self.mlp(self.mlp_norm(x))
@@ -483,7 +483,8 @@ class PrismDecoderConfig:
     backend: str = "auto"
 
     def __post_init__(self) -> None:
-        _check_int("vocab_size", self.vocab_size)
+        for name in ("vocab_size", "d_model", "n_layers", "h_base"):
+            _check_int(name, getattr(self, name))
         _check_int("kv_group_size", self.kv_group_size)
         _check_choice("norm", self.norm, NORMS)
         _check_choice("backend", self.backend, BACKENDS)
@@ -491,6 +492,9 @@ class PrismDecoderConfig:
             object.__setattr__(self, "widths", tuple(self.widths))
         schedule = self.schedule()
         for layer, h in enumerate(schedule.heads):
+            if self.rotary and (self.d_model // h) % 2:
+                raise ValueError(f"d_model / h must be even for rotary embeddings (rotary=True), got d_model="
+                                 f"{self.d_model} with h={h} heads at layer {layer} (head dim {self.d_model // h})")
             if h % self.kv_group_size:
                 raise ValueError(
                     f"kv_group_size={self.kv_group_size} must divide the head count of every layer, "
@@ -615,6 +619,14 @@ class PrismDecoder(GenerationMixin, nn.Module):
                 ``attention_mask[b].sum()`` tokens (see ``PrismAttention.forward``).
         """
         check_tensor("input_ids", input_ids, ndim=2, dtypes=(torch.int32, torch.int64))
+        weight = self.embed.weight
+        if input_ids.device != weight.device:
+            raise ValueError(f"input_ids must be on the model's device ({weight.device}), got {input_ids.device}")
+        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
+            lo, hi = int(input_ids.min()), int(input_ids.max())  # on CUDA the embedding kernel asserts instead
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"input_ids must be token ids in [0, vocab_size={self.config.vocab_size}), "
+                                 f"got values in [{lo}, {hi}]")
         if cache is not None:
             if not isinstance(cache, PrismCache):
                 raise TypeError(f"cache must be a PrismCache (from new_cache()), got {type(cache).__name__}")

@@ -12,6 +12,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from lamina._validate import check_layer_input, check_positive_int, check_tensor
 from lamina.ops.short_conv import ACTIVATIONS, causal_conv1d, causal_conv1d_update
 
 # fla's backends ("triton", "cuda") and lamina's ("auto", "torch"); see lamina.ops.short_conv.
@@ -43,6 +44,8 @@ class ShortConvolution(nn.Conv1d):
     ) -> None:
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        check_positive_int("hidden_size", hidden_size)
+        check_positive_int("kernel_size", kernel_size)
         if backend not in LAYER_BACKENDS:
             raise ValueError(f"backend must be one of {LAYER_BACKENDS}, got {backend!r}")
         super().__init__(in_channels=hidden_size, out_channels=hidden_size, kernel_size=kernel_size,
@@ -85,8 +88,14 @@ class ShortConvolution(nn.Conv1d):
         Returns:
             (y [B, T, D], final window [N, D, W] or None).
         """
+        D, W = self.weight.shape[0], self.weight.shape[-1]
+        check_layer_input("x", x, self, width=D, match_dtype=False, width_name="hidden_size")
         B, T = x.shape[0], x.shape[1]
         N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        if cache is not None:
+            check_tensor("cache", cache, ndim=3)
+            if tuple(cache.shape) != (N, D, W):
+                raise ValueError(f"cache must have shape [N, D, W] = {(N, D, W)}, got {tuple(cache.shape)}")
         if mask is not None:
             if cu_seqlens is not None:
                 raise ValueError("mask and cu_seqlens cannot both be given: packed sequences carry no padding")
