@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> i
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     ops = _ops(parser, args.op)
     if args.replay:
-        return _replay(args.replay, log)
+        try:
+            return _replay(args.replay, log)
+        except (OSError, RuntimeError, ValueError) as exc:
+            parser.error(f"--replay: {exc}")
     if args.bad_inputs:
         from lamina.fuzz.bad_inputs import run_bad_inputs
 

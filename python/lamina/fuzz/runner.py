@@ -70,7 +70,8 @@ class Failure:
 class FuzzReport:
     per_op: dict[str, OpStats] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time of the run, shrinking included
+    shrink_seconds: float = 0.0  # time spent shrinking (not counted in a run's ``seconds`` budget)
 
     @property
     def cases(self) -> int:
@@ -130,10 +131,11 @@ def run(
 ) -> FuzzReport:
     """Fuzz ``ops`` (default: all) round-robin from case index ``start``.
 
-    Stops after ``cases`` cases per op or ``seconds`` of wall time, whichever comes first (default:
-    3 cases per op). Every failure (mismatch or exception) is shrunk for at most ``shrink_seconds``,
-    then saved under ``out`` (when given) as ``<op>-<n>.json`` and ``<op>-<n>.py``; the run stops
-    early after ``max_failures`` failures when given.
+    Stops after ``cases`` cases per op or ``seconds`` of wall time spent on cases (shrinking not
+    counted), whichever comes first (default: 3 cases per op). Every failure (mismatch or
+    exception) is shrunk for at most ``shrink_seconds``, then saved under ``out`` (when given) as
+    ``<op>-<n>.json`` and ``<op>-<n>.py``; the run stops early after ``max_failures`` failures
+    when given.
     ``interpret`` (or ``backend="triton"`` on CPU) runs Triton kernels under the interpreter.
     """
     ops = tuple(OPS if ops is None else ops)
@@ -163,7 +165,7 @@ def run(
         if cases is not None and index - start >= cases:
             break
         for op in ops:
-            if seconds is not None and time.monotonic() - began >= seconds:
+            if seconds is not None and time.monotonic() - began - report.shrink_seconds >= seconds:
                 break
             if max_failures is not None and len(report.failures) >= max_failures:
                 break
@@ -201,7 +203,9 @@ def _one(case: dict, report: FuzzReport, out, backend: str, dtypes, interpret: b
     first = first_line(error)
     log(f"{'FAIL ' if kind == 'mismatch' else 'CRASH'} {head} {describe(case)}\n      {first}")
     log(f"      reproduce: {reproducer(case, backend, dtypes, interpret)}")
+    t_shrink = time.monotonic()
     shrunk, message, steps = shrink_case(case, kind, run_case, shrink_seconds)
+    report.shrink_seconds += time.monotonic() - t_shrink
     failure = Failure(original=case, shrunk=shrunk, message=message or first, kind=kind)
     log(f"      shrunk in {steps} steps to: {describe(shrunk)}")
     if out is not None:

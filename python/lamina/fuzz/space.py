@@ -9,6 +9,7 @@ indices) of one run get unrelated shapes, and the same triple always gives the s
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 
@@ -110,7 +111,8 @@ def _dim(rng: random.Random, limit: int) -> int:
 
 
 def _length(rng: random.Random, max_t: int, chunk: int) -> int:
-    """T: 1, a chunk boundary +/- 1, or uniform."""
+    """T: 1, a chunk boundary +/- 1, or log-uniform in [1, max_t] (short sequences are cheap and
+    common in failures; long ones still come up: P(T > max_t / 2) ~ 0.1 of the log-uniform draws)."""
     u = rng.random()
     if u < 0.15:
         return 1
@@ -118,7 +120,7 @@ def _length(rng: random.Random, max_t: int, chunk: int) -> int:
         near = [t for m in (1, 2) for t in (m * chunk - 1, m * chunk, m * chunk + 1) if 1 <= t <= max_t]
         if near:
             return rng.choice(near)
-    return rng.randint(1, max_t)
+    return min(max_t, int(math.exp(rng.uniform(0.0, math.log(max_t + 1)))))
 
 
 def _lengths(rng: random.Random, max_t: int, chunk: int) -> list[int]:
@@ -126,6 +128,11 @@ def _lengths(rng: random.Random, max_t: int, chunk: int) -> list[int]:
     n = rng.randint(2, 4)
     lens = [1 if rng.random() < 0.3 else _length(rng, max(max_t // n, 1), chunk) for _ in range(n)]
     return lens
+
+
+def _batch(rng: random.Random, lim: Limits, T: int) -> int:
+    """B: up to the tier's batch, and 1 for sequences longer than half the tier's T (bounds the work)."""
+    return 1 if T > lim.max_t // 2 else rng.randint(1, lim.max_batch)
 
 
 def _dtype(rng: random.Random, dtypes: tuple[str, ...]) -> str:
@@ -142,7 +149,8 @@ def _delta(op: str, rng: random.Random, lim: Limits) -> dict:
     if rng.random() < 0.3:
         case.update(B=1, T=None, lens=_lengths(rng, lim.max_t, chunk))
     else:
-        case.update(B=rng.randint(1, lim.max_batch), T=_length(rng, lim.max_t, chunk), lens=None)
+        T = _length(rng, lim.max_t, chunk)
+        case.update(B=_batch(rng, lim, T), T=T, lens=None)
     case["scale"] = None if rng.random() < 0.6 else round(rng.uniform(0.05, 1.5), 4)
     case["initial_state"] = rng.random() < 0.5
     case["output_final_state"] = rng.random() < 0.7
@@ -190,7 +198,8 @@ def _conv(rng: random.Random, lim: Limits) -> dict:
     if rng.random() < 0.3:
         case.update(B=1, T=None, lens=_lengths(rng, lim.max_t, 16))
     else:
-        case.update(B=rng.randint(1, lim.max_batch), T=_length(rng, lim.max_t, 16), lens=None)
+        T = _length(rng, lim.max_t, 16)
+        case.update(B=_batch(rng, lim, T), T=T, lens=None)
     return case
 
 
