@@ -10,6 +10,7 @@ from lamina.testing import (  # noqa: F401
     ATTENTION_FACTOR_OUTPUT,
     ATTENTION_FLOOR_ULPS,
     ELEMENTWISE,
+    RECURRENCE_MAX_RATIO,
     RECURRENCE_RMS_RATIO,
     UNIT_ROUNDOFF,
     assert_attention_close,

@@ -1,0 +1,78 @@
+"""The tolerance functions catch planted errors that a plain RMS ratio lets through."""
+
+import pytest
+import torch
+
+from lamina.testing import RECURRENCE_RMS_RATIO, _rms, assert_attention_close, assert_close
+
+# fla's benchmark shape of one output (B, T, H, V) and an interpreter-test shape
+GPU_SHAPE = (2, 2048, 4, 128)
+INTERPRETER_SHAPE = (1, 40, 2, 32)
+
+
+def _reference(shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _flip(x: torch.Tensor, count: int, typical: bool, seed: int = 1) -> torch.Tensor:
+    """Negate ``count`` elements chosen at random (with ``typical``, among those with |x| >= rms(x))."""
+    flat = x.clone().flatten()
+    pool = (flat.abs() >= _rms(flat)).nonzero().flatten() if typical else torch.arange(flat.numel())
+    pick = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(seed))[:count]]
+    flat[pick] = -flat[pick]
+    return flat.view_as(x)
+
+
+def test_hundred_sign_flips_at_gpu_shape_fail():
+    ref = _reference(GPU_SHAPE)
+    wrong = _flip(ref.to(torch.bfloat16).double(), 100, typical=False).to(torch.bfloat16)
+    # the RMS ratio alone passes it (ratio ~1.4e-2 < 2e-2): the worst-element bound must catch it
+    assert _rms(wrong.double() - ref) / _rms(ref) <= RECURRENCE_RMS_RATIO[torch.bfloat16]
+    with pytest.raises(AssertionError, match="worst element"):
+        assert_close("o", wrong, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_sign_flip_at_interpreter_shape_fails(dtype):
+    ref = _reference(INTERPRETER_SHAPE)
+    wrong = _flip(ref.to(dtype).double(), 1, typical=True).to(dtype)
+    with pytest.raises(AssertionError):
+        assert_close("o", wrong, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [GPU_SHAPE, INTERPRETER_SHAPE])
+def test_rounding_noise_at_the_rms_bound_passes(dtype, shape):
+    # a correct kernel: the reference rounded to the dtype plus Gaussian noise at half the RMS bound
+    ref = _reference(shape)
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    close = (ref + 0.5 * RECURRENCE_RMS_RATIO[dtype] * _rms(ref) * noise).to(dtype)
+    assert_close("o", close, ref)
+
+
+def test_all_nan_against_all_nan_fails():
+    nan = torch.full((4, 8), float("nan"))
+    with pytest.raises(AssertionError, match="nothing finite"):
+        assert_close("o", nan, nan.double())
+    with pytest.raises(AssertionError, match="nothing finite"):
+        assert_close("o", nan, nan.double(), kind="elementwise")
+    with pytest.raises(AssertionError, match="nothing finite"):
+        assert_attention_close("o", nan, nan.double(), nan)
+
+
+def test_nan_in_different_places_fails_and_matching_nan_passes():
+    ref = _reference((4, 8))
+    ref[1, 2] = float("nan")
+    moved = ref.clone()
+    moved[1, 2], moved[3, 3] = 0.0, float("nan")
+    with pytest.raises(AssertionError, match="NaN/inf mismatch"):
+        assert_close("o", moved.float(), ref)
+    assert_close("o", ref.float(), ref)
+
+
+def test_elementwise_flags_one_element():
+    ref = _reference(INTERPRETER_SHAPE)
+    wrong = ref.float().clone()
+    wrong.view(-1)[7] += 0.01
+    with pytest.raises(AssertionError, match="elementwise mismatch"):
+        assert_close("y", wrong, ref, kind="elementwise")
