@@ -169,3 +169,15 @@ def assert_attention_close(
         raise AssertionError(
             f"{name}: max error {ours:.3e} > {factor}x PyTorch's {theirs:.3e} + floor {floor:.1e} ({dtype})"
         )
+
+
+# Hypothesis strategies of fuzz cases for users' own tests (``lamina._strategies``; needs hypothesis).
+_STRATEGIES = ("attention_cases", "cases", "check_case", "delta_rule_cases", "layer_cases")
+
+
+def __getattr__(name: str):
+    if name in _STRATEGIES:
+        from lamina import _strategies
+
+        return getattr(_strategies, name)
+    raise AttributeError(f"module 'lamina.testing' has no attribute {name!r}")
