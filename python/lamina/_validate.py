@@ -7,11 +7,13 @@ except where the op reads values to the host anyway (``cu_seqlens``, cache lengt
 or where the tensor lives on the CPU (``check_nonpositive``): no device synchronisation is added
 to a CUDA call.
 
-NaN and infinity policy: values are not checked. A NaN or infinite input propagates as it does in
-the float64 reference (``lamina.reference``): every output element that depends on it is NaN or
-infinite, on every path (PyTorch, Triton, the Triton interpreter, the C++ extensions); an output
-never turns a NaN input into a finite number (e.g. 0). The one range that is checked is the log
-decay ``g <= 0`` of the delta-rule ops, and only where it can be read without a device sync (CPU
+NaN and infinity policy: values are not checked; they propagate. Every output element that the
+float64 reference (``lamina.reference``) makes NaN or infinite is NaN or infinite on every path
+(PyTorch, Triton, the Triton interpreter, the C++ extensions): a NaN input is never turned into a
+finite number (e.g. the 0 that PyTorch's fused attention gives a NaN query row). Paths that work
+on blocks may spread a NaN further than the reference (the chunked delta-rule forms over the rest of
+its chunk: ``0 * NaN`` in a masked matrix product). The one range that is checked is the log decay
+``g <= 0`` of the delta-rule ops, and only where it can be read without a device sync (CPU
 tensors); on CUDA the caller must keep ``g <= 0``, as with fla.
 """
 

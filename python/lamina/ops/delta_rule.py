@@ -293,8 +293,13 @@ def _refuse_chunk_extras(op: str, return_intermediate_states: bool, cp_context: 
 _COMMON_ARGS = """
     Args (shared; each op has the subset of fla's signature shown above):
         q, k: ``[B, T, H, K]`` queries and keys (``K <= 256`` with gradients, ``<= 512`` forward only).
-        v: ``[B, T, HV, V]`` values, ``HV % H == 0`` (value head j reads q/k head ``j // (HV // H)``).
-        scale: query scale, default ``K ** -0.5``.
+        v: ``[B, T, HV, V]`` values, ``HV % H == 0`` (value head j reads q/k head ``j // (HV // H)``),
+            in q's dtype.
+        g, gk, beta, b, w: gates in q's dtype or float32. The log decays ``g``/``gk`` must be ``<= 0``:
+            refused with a ValueError when they are CPU tensors; on CUDA not checked (a device sync),
+            so a positive decay there is the caller's error, as in fla. With ``use_gate_in_kernel``
+            ``g`` is the raw gate input (any sign).
+        scale: query scale, a finite number, default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` float32 (``[N, HV, V, K]`` with ``state_v_first``),
             N = B or the number of sequences of ``cu_seqlens``.
         output_final_state: also return the final states (float32, layout as ``initial_state``).
@@ -310,7 +315,9 @@ _COMMON_ARGS = """
             "triton" or "torch".
 
     Returns:
-        ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``.
+        ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``. T = 0 returns an empty ``o`` and
+        the initial state (zeros without one). NaN/inf inputs propagate (``lamina._validate``): an output
+        the token loop makes non-finite is non-finite; the chunked forms can spread it over the chunk.
 """
 
 
