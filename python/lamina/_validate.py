@@ -11,7 +11,7 @@ NaN and infinity policy: values are not checked; they propagate. Every output el
 float64 reference (``lamina.reference``) makes NaN or infinite is NaN or infinite on every path
 (PyTorch, Triton, the Triton interpreter, the C++ extensions): a NaN input is never turned into a
 finite number (e.g. the 0 that PyTorch's fused attention gives a NaN query row). Paths that work
-on blocks may spread a NaN further than the reference (the chunked delta-rule forms over the rest of
+on blocks may spread a NaN further than the reference (the chunked delta-rule forms over the whole of
 its chunk: ``0 * NaN`` in a masked matrix product). The one range that is checked is the log decay
 ``g <= 0`` of the delta-rule ops, and only where it can be read without a device sync (CPU
 tensors); on CUDA the caller must keep ``g <= 0``, as with fla.
