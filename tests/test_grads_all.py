@@ -189,10 +189,11 @@ OPTION_SETS = [frozenset(s) for s in (
     (), ("l2norm",), ("no_h0",), ("gate",), ("lower_bound",), ("lower_bound_no_A_log",), ("beta_sigmoid",),
     ("gk",), ("gk_only",), ("beta_none",),
 )]
-# The state-less start is one branch of the ops' input handling, the same for all: two ops suffice.
-_NO_H0_OPS = ("chunk_gdn2", "fused_recurrent_delta_rule")
+# The state-less start and the l2norm are branches of the ops' shared input handling: two ops each suffice.
+_SHARED_OPTION_OPS = {"no_h0": ("chunk_gdn2", "fused_recurrent_delta_rule"),
+                      "l2norm": ("chunk_delta_rule", "fused_recurrent_kda")}
 TORCH_CASES = [(op, opts) for op in OPS for opts in OPTION_SETS
-               if _allowed(op, opts) and ("no_h0" not in opts or op in _NO_H0_OPS)]
+               if _allowed(op, opts) and all(op in _SHARED_OPTION_OPS.get(o, (op,)) for o in opts)]
 
 
 @pytest.mark.parametrize("op, opts", TORCH_CASES, ids=[f"{op}-{'+'.join(sorted(o)) or 'plain'}"
@@ -204,16 +205,17 @@ def test_torch_backend_every_gradient(op, opts):
 # --- backend "triton" (interpreter): each op once with its options combined; fp16 on a subset ------
 
 TRITON_SHAPE = (1, 20, 1, 1, 16, 32)  # K != V, so a transposed state or gradient fails
+GVA_SHAPE = (1, 20, 1, 2, 16, 32)  # two value heads read one q/k head: dq, dk sum over both
 TRITON_CASES = [
     ("chunk_delta_rule", ("l2norm",), torch.float32),
-    ("chunk_gated_delta_rule", ("l2norm", "gate", "beta_sigmoid"), torch.float32),
+    ("chunk_gated_delta_rule", ("l2norm", "gate", "beta_sigmoid", "gva"), torch.float32),
     ("chunk_kda", ("l2norm", "lower_bound", "beta_sigmoid"), torch.float32),
     ("chunk_gdn2", ("l2norm", "gate"), torch.float32),
     ("fused_recurrent_delta_rule", ("l2norm",), torch.float32),
     ("fused_recurrent_gated_delta_rule", ("gk", "gate", "beta_sigmoid"), torch.float32),
     ("fused_recurrent_kda", ("gate", "beta_sigmoid"), torch.float32),
     ("fused_recurrent_gdn2", ("l2norm", "lower_bound_no_A_log"), torch.float32),
-    ("chunk_kda", ("l2norm",), torch.float16),
+    # fp16: the token-by-token forward, the chunked recompute and the chunked backward in one case
     ("fused_recurrent_gdn2", ("l2norm", "lower_bound"), torch.float16),
 ]
 
@@ -222,7 +224,7 @@ TRITON_CASES = [
 @pytest.mark.parametrize("op, opts, dtype", TRITON_CASES,
                          ids=[f"{op}-{'+'.join(o)}-{str(d)[6:]}" for op, o, d in TRITON_CASES])
 def test_triton_backend_every_gradient(op, opts, dtype):
-    check_op(op, frozenset(opts), TRITON_SHAPE, dtype, "triton")
+    check_op(op, frozenset(opts) - {"gva"}, GVA_SHAPE if "gva" in opts else TRITON_SHAPE, dtype, "triton")
 
 
 # --- Prism attention at the README's non-power-of-two head dims 80 and 384 ------------------------

@@ -11,6 +11,9 @@ draws shapes and split points) and on a small set under the Triton interpreter.
 * GDN-2 with ``b = w = beta`` is KDA;
 * zero-padding the head dims (K and V) changes nothing in the unpadded part.
 
+Under the interpreter the split and GVA properties are left to tests/test_grads_all.py, whose
+Triton cases check the initial and final states and a GVA case against the float64 oracle.
+
 Comparisons between two runs of lamina use the recurrence bound of ``lamina.testing`` for the dtype
 (both runs carry float32 rounding); where the property is structural and both runs do the same
 arithmetic on the same rows (batch invariance, causality), equality is exact.
@@ -110,15 +113,10 @@ def test_split_sequence_with_carried_state_torch(variant, T, data):
     check_split(variant, make(variant, 2, T, 1, 2, 16, 8, seed=T), cut, "torch")
 
 
-@pytest.mark.interpret
-def test_split_sequence_with_carried_state_triton():
-    check_split("kda", make("kda", 1, 26, 1, 1, 16, 16, seed=5), 19, "triton")  # cut inside the second chunk
-
-
 # --- GVA == explicit repetition ------------------------------------------------------------------
 
-def check_gva(variant: str, backend: str, H: int, HV: int, T: int = 20) -> None:
-    x = make(variant, 1, T, H, HV, 16, 8, seed=7)
+def check_gva(variant: str, backend: str, H: int, HV: int) -> None:
+    x = make(variant, 1, 20, H, HV, 16, 8, seed=7)
     o, s = run(variant, x, backend)
     rep = dict(x)
     rep["q"], rep["k"] = (x[n].repeat_interleave(HV // H, dim=2) for n in ("q", "k"))
@@ -130,11 +128,6 @@ def check_gva(variant: str, backend: str, H: int, HV: int, T: int = 20) -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gva_equals_repeated_heads_torch(variant):
     check_gva(variant, "torch", H=2, HV=4)
-
-
-@pytest.mark.interpret
-def test_gva_equals_repeated_heads_triton():
-    check_gva("gdn2", "triton", H=1, HV=2, T=17)
 
 
 # --- varlen pack == separate calls ---------------------------------------------------------------
@@ -163,15 +156,15 @@ def test_varlen_pack_equals_separate_calls_torch(variant, lengths, recurrent):
 
 @pytest.mark.interpret
 def test_varlen_pack_equals_separate_calls_triton():
-    check_varlen("gdn", [5, 18, 1], "triton", HV=1)
+    check_varlen("gdn", [5, 18], "triton", HV=1)
 
 
 # --- batch invariance (fla #671) -----------------------------------------------------------------
 
-def check_batch_invariance(variant: str, backend: str, T: int = 23, HV: int = 2) -> None:
+def check_batch_invariance(variant: str, backend: str) -> None:
     """Row 0 is the same bits whatever row 1 holds; against a batch of one, within rounding."""
-    x = make(variant, 2, T, 1, HV, 16, 8, seed=13)
-    other = make(variant, 2, T, 1, HV, 16, 8, seed=14, gate_scale=4.0)
+    x = make(variant, 2, 23, 1, 2, 16, 8, seed=13)
+    other = make(variant, 2, 23, 1, 2, 16, 8, seed=14, gate_scale=4.0)
     y = {n: torch.cat([x[n][:1], other[n][1:]]) for n in x}
     o, s = run(variant, x, backend)
     oy, sy = run(variant, y, backend)
@@ -188,7 +181,11 @@ def test_batch_invariance_torch(variant):
 
 @pytest.mark.interpret
 def test_batch_invariance_triton():
-    check_batch_invariance("kda", "triton", T=17, HV=1)
+    """One program per (sequence, head): row 0 of a batch of two is the bits of a batch of one."""
+    x = make("kda", 2, 19, 1, 1, 16, 16, seed=13, gate_scale=4.0)
+    o, s = run("kda", x, "triton")
+    o1, s1 = run("kda", {n: t[:1] for n, t in x.items()}, "triton")
+    assert torch.equal(o[:1], o1) and torch.equal(s[:1], s1), "row 0 depends on the batch it is in"
 
 
 # --- causality (fla #1240: safe_gate) ------------------------------------------------------------
