@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--cases", "--iters", dest="cases", type=int, help="cases per op (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the run (case i of op X is drawn from (seed, X, i))")
     p.add_argument("--index", type=int, default=0, help="index of the first case (reproducers use it)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     p.add_argument("--backend", default="auto", choices=["auto", "triton", "cuda", "torch"],
                    help="auto: on CPU PyTorch, or with --interpret half the cases on the Triton kernels")
     p.add_argument("--interpret", action="store_true",
@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> i
     if args.seconds is not None and args.seconds <= 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     ops = _ops(parser, args.op)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.replay:
         try:
             return _replay(args.replay, log)
