@@ -53,5 +53,5 @@ def test_layer_rejects_bad_configuration():
         DeltaRuleAttention(hidden_size=D, num_heads=2, mode="mamba")
     with pytest.raises(ValueError, match="num_v_heads"):
         DeltaRuleAttention(hidden_size=D, num_heads=2, num_v_heads=3)
-    with pytest.raises(ValueError, match="x must have shape"):
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions \[B, T, hidden_size=64\]"):
         make("gdn", "torch")(torch.randn(T, D))

@@ -177,7 +177,7 @@ def test_fla_cache_works_with_lamina_layers(torch_path):
 def test_bad_inputs_name_the_argument(torch_path):
     layer = build("GatedDeltaNet", 0, 0, layer_idx=0)
     x = torch.randn(2, 6, D)
-    with pytest.raises(ValueError, match="hidden size 64"):
+    with pytest.raises(ValueError, match=r"hidden_states must have shape \[B, T, hidden_size=64\]"):
         layer(torch.randn(2, 6, D + 1))
     with pytest.raises(ValueError, match=r"attention_mask must be a \[batch_size, seq_len\]"):
         layer(x, attention_mask=torch.ones(2, 6, 6))

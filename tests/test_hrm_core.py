@@ -170,5 +170,5 @@ def test_core_validation():
         HRMCore(block, lambda x: x, D, 2, 2, 1)
     with pytest.raises(ValueError, match="gate must be one of"):
         HRMGatedUpdate(D, gate="row")
-    with pytest.raises(ValueError, match=r"x must have shape \[B, T, 16\]"):
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model=16\]"):
         HRMCore(block, block, D, 2, 2, 1)(torch.randn(2, 3, 8))
