@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from lamina.testing import RECURRENCE_RMS_RATIO, _rms, assert_attention_close, assert_close
+from lamina.testing import (
+    RECURRENCE_RMS_RATIO,
+    ZERO_GRADIENT_FRACTION,
+    _rms,
+    assert_attention_close,
+    assert_close,
+    gradient_scale,
+)
 
 # fla's benchmark shape of one output (B, T, H, V) and an interpreter-test shape
 GPU_SHAPE = (2, 2048, 4, 128)
@@ -76,3 +83,30 @@ def test_elementwise_flags_one_element():
     wrong.view(-1)[7] += 0.01
     with pytest.raises(AssertionError, match="elementwise mismatch"):
         assert_close("y", wrong, ref, kind="elementwise")
+
+
+def test_gradient_zero_in_exact_math_is_compared_at_the_call_scale():
+    grads = [_reference((64, 32), seed=s) for s in range(3)]
+    exact_zero = torch.zeros(64, 32, dtype=torch.float64)
+    roundoff = 1e-8 * _reference((64, 32), seed=5)  # what cancelling fp32 terms of size ~1 leave
+    with pytest.raises(AssertionError, match="RMS error ratio"):
+        assert_close("dg", roundoff.float(), exact_zero)
+    scale = gradient_scale([*grads, exact_zero])
+    assert scale == pytest.approx(ZERO_GRADIENT_FRACTION * max(_rms(g) for g in grads))
+    assert_close("dg", roundoff.float(), exact_zero, scale=scale)
+    # a wrong gradient of a thousandth of the call's size is still caught
+    with pytest.raises(AssertionError):
+        assert_close("dg", (1e-3 * _reference((64, 32), seed=6)).float(), exact_zero, scale=scale)
+
+
+def test_attention_floor_follows_the_call_scale():
+    dv = _reference((8, 16))
+    exact_zero = torch.zeros(8, 16, dtype=torch.float64)
+    roundoff = (2e-7 * _reference((8, 16), seed=7)).float()
+    with pytest.raises(AssertionError, match="max error"):
+        assert_attention_close("dq", roundoff, exact_zero, exact_zero.float(), grad=True)
+    peak = gradient_scale([dv, exact_zero], peak=True)
+    assert peak == dv.abs().max().item()
+    assert_attention_close("dq", roundoff, exact_zero, exact_zero.float(), grad=True, scale=peak)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_attention_close("dq", (1e-4 * dv).float(), exact_zero, exact_zero.float(), grad=True, scale=peak)

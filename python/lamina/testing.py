@@ -29,6 +29,13 @@ RECURRENCE_RMS_RATIO: dict[torch.dtype, float] = {
     torch.bfloat16: 2e-2,
 }
 
+# A gradient that is zero (or tiny) in exact math, e.g. dg of a decay applied to a zero state, comes
+# out as roundoff of the terms that cancel in it, which are of the size of the call's other
+# gradients. Such a gradient is compared relative to this fraction of the largest RMS among the
+# call's reference gradients (``gradient_scale``): 1e-2 of it times the fp32 RMS bound is ~3 ulps
+# of the call's gradients, far below any error a wrong formula makes.
+ZERO_GRADIENT_FRACTION = 1e-2
+
 # Worst-element bound for recurrences: max abs error relative to max|ref| (4x the RMS bound; see above).
 RECURRENCE_MAX_RATIO: dict[torch.dtype, float] = {dt: 4 * r for dt, r in RECURRENCE_RMS_RATIO.items()}
 
@@ -57,6 +64,18 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
 
 def _rms(x: torch.Tensor) -> float:
     return x.double().pow(2).mean().sqrt().item() if x.numel() else 0.0
+
+
+def gradient_scale(references: list[torch.Tensor | None], peak: bool = False) -> float:
+    """``ZERO_GRADIENT_FRACTION`` times the largest RMS (``peak``: the largest magnitude, unscaled, for
+    ``assert_attention_close``) among a call's reference gradients (``None`` entries skipped)."""
+    values = [x.detach().double() for x in references if x is not None and x.numel()]
+    if not values:
+        return 0.0
+    finite = [x[torch.isfinite(x)] for x in values]
+    if peak:
+        return max((x.abs().max().item() for x in finite if x.numel()), default=0.0)
+    return ZERO_GRADIENT_FRACTION * max(_rms(x) for x in finite)
 
 
 def _first_diff(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str:
@@ -92,14 +111,17 @@ def assert_close(
     kind: str = "recurrence",
     dtype: torch.dtype | None = None,
     ratio: float | None = None,
+    scale: float | None = None,
 ) -> None:
     """Compare ``actual`` with ``expected`` (usually a float64 reference).
 
     ``kind`` is ``"recurrence"`` (RMS error ratio and worst element against ``max|expected|``) or
     ``"elementwise"`` (rtol/atol on every element). ``dtype`` selects the row of the table (default:
     ``actual.dtype``); ``ratio`` overrides the recurrence RMS bound (the worst-element bound follows
-    at 4x) only where a test documents why. Non-finite elements must match in place, and two tensors
-    with nothing finite in them fail.
+    at 4x) only where a test documents why. ``scale`` is a magnitude below which a recurrence
+    comparison turns absolute (both bounds are taken relative to ``max(rms or max|expected|, scale)``):
+    pass ``gradient_scale(...)`` for gradients that can be zero in exact math. Non-finite elements
+    must match in place, and two tensors with nothing finite in them fail.
     The message reports the RMS ratio, the max abs error and the first differing index.
     """
     if actual.shape != expected.shape:
@@ -112,7 +134,8 @@ def assert_close(
     a, e = a[finite], e[finite]
     err = (a - e).abs()
     max_err = err.max().item() if err.numel() else 0.0
-    rms_ratio = _rms(a - e) / max(_rms(e), 1e-30)
+    floor = 1e-30 if scale is None else max(scale, 1e-30)
+    rms_ratio = _rms(a - e) / max(_rms(e), floor)
     if kind == "recurrence":
         bound = RECURRENCE_RMS_RATIO[dtype] if ratio is None else ratio
         if not rms_ratio <= bound:
@@ -120,13 +143,13 @@ def assert_close(
                 f"{name}: RMS error ratio {rms_ratio:.3e} > {bound:.1e} ({dtype}); max abs err {max_err:.3e}; "
                 f"rms(expected) {_rms(e):.3e}"
             )
-        scale = e.abs().max().item() if e.numel() else 0.0
-        max_bound = (RECURRENCE_MAX_RATIO[dtype] if ratio is None else 4 * ratio) * max(scale, 1e-30)
+        peak = max(e.abs().max().item() if e.numel() else 0.0, floor)
+        max_bound = (RECURRENCE_MAX_RATIO[dtype] if ratio is None else 4 * ratio) * peak
         if not max_err <= max_bound:
             first = _first_diff(actual.detach().double().cpu(), expected.detach().double().cpu(),
                                 torch.tensor(max_bound, dtype=torch.float64))
             raise AssertionError(
-                f"{name}: worst element off by {max_err:.3e} > {max_bound:.3e} = {max_bound / max(scale, 1e-30):.1e}"
+                f"{name}: worst element off by {max_err:.3e} > {max_bound:.3e} = {max_bound / peak:.1e}"
                 f" x max|expected| ({dtype}); RMS ratio {rms_ratio:.3e} (within bound); first at {first}"
             )
     elif kind == "elementwise":
@@ -150,10 +173,14 @@ def assert_attention_close(
     torch_lowp: torch.Tensor,
     grad: bool = False,
     dtype: torch.dtype | None = None,
+    scale: float | None = None,
 ) -> None:
     """FlashAttention's rule: ``max|actual - ref| <= factor * max|torch_lowp - ref| + floor``.
 
-    ``torch_lowp`` is PyTorch's own result computed in the low precision under test.
+    ``torch_lowp`` is PyTorch's own result computed in the low precision under test. The floor is
+    ``ATTENTION_FLOOR_ULPS`` units of roundoff of ``max(max|ref|, scale)``: pass the largest
+    magnitude of the call's gradients as ``scale`` where one gradient can be zero in exact math
+    (one key: dq = dk = 0, which the softmax backward's ``dP - rowsum(dO * O)`` leaves as roundoff).
     """
     dtype = dtype or actual.dtype
     a = actual.detach().double().cpu()
@@ -163,7 +190,8 @@ def assert_attention_close(
     factor = ATTENTION_FACTOR_GRAD if grad else ATTENTION_FACTOR_OUTPUT
     ours = (a - r).abs().max().item()
     theirs = (p - r).abs().max().item()
-    floor = ATTENTION_FLOOR_ULPS * UNIT_ROUNDOFF[dtype] * max(r.abs().max().item(), 1e-30)
+    peak = r.abs().max().item() if r.numel() else 0.0
+    floor = ATTENTION_FLOOR_ULPS * UNIT_ROUNDOFF[dtype] * max(peak, scale or 0.0, 1e-30)
     bound = factor * theirs + floor
     if not ours <= bound:
         raise AssertionError(

@@ -10,7 +10,7 @@ import copy
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, pytorch_dispatch
-from lamina.testing import assert_close
+from lamina.testing import assert_close, gradient_scale
 
 
 def build_layer(case: dict) -> torch.nn.Module:
@@ -71,12 +71,13 @@ def check_layer(case: dict) -> None:
         y.backward(dy.to(device, y.dtype))
     with pytorch_dispatch():
         y_ref.backward(dy)
-    assert_close("dx", x.grad, x_ref.grad, dtype=dtype)
     ref_params = dict(oracle.named_parameters())
+    scale = gradient_scale([x_ref.grad, *(p.grad for p in ref_params.values())])
+    assert_close("dx", x.grad, x_ref.grad, dtype=dtype, scale=scale)
     for name, p in layer.named_parameters():
         ref = ref_params[name].grad
         if p.grad is None or ref is None:
             if (p.grad is None) != (ref is None):
                 raise AssertionError(f"d{name}: gradient present in only one of layer and float64 copy")
             continue
-        assert_close(f"d{name}", p.grad, ref, dtype=dtype)
+        assert_close(f"d{name}", p.grad, ref, dtype=dtype, scale=scale)
