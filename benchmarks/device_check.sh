@@ -2,15 +2,18 @@
 # lamina's one-call GPU device check (see benchmarks/README.md).
 #
 # On a GPU machine with no network: install lamina (and fla-core, flash-linear-attention from
-# wheels/ if carried), JIT-build the CUDA extension, run `pytest -m gpu`, run the benchmark suite
+# wheels/ if carried), JIT-build the CUDA extension, run `pytest -m gpu`, run one small case of every
+# kernel under `compute-sanitizer --tool memcheck` and `--tool racecheck` where the machine supports it
+# (benchmarks/sanitizer_cases.py), run the benchmark suite
 # at the standard shapes against every available provider (with the copy/matmul ceilings),
 # optionally the layer benchmark (`lamina bench --op layers`), run `lamina info --kernels`, and
 # write everything under $OUT. Each step is time-boxed with `timeout`, and the steps share one
 # total budget (TOTAL_BUDGET_S, default 450 s, under the 8 minutes one device call may take). A
 # failed step is recorded and the next one runs.
 #
-# SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_INFO=1 leave a step out. The second call, benchmarks only:
-#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_INFO=1 BENCH_TIMEOUT=200 BENCH_LAYERS_TIMEOUT=120 BENCH_DECODE_TIMEOUT=60
+# SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_SANITIZER=1, SKIP_INFO=1 leave a step out (SANITIZER_TIMEOUT, default
+# 100 s, limits each sanitizer tool's run). The second call, benchmarks only:
+#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_SANITIZER=1 SKIP_INFO=1 BENCH_TIMEOUT=200 BENCH_LAYERS_TIMEOUT=120 BENCH_DECODE_TIMEOUT=60
 # (the kernel ops, then lamina's layers against fla's, then the decode step and generation;
 # BENCH_LAYERS_TIMEOUT=0 and BENCH_DECODE_TIMEOUT=0, the defaults, leave those out).
 #
@@ -21,13 +24,15 @@
 # are skipped, each with its reason.
 #
 # DRY_RUN=1: every step that can run without a GPU runs on the CPU (pip's dry-run install,
-# pytest -m gpu (all skipped), the suite on tiny CPU shapes, the static kernel report); the
-# CUDA build is skipped. CI uses this to keep the script working.
+# pytest -m gpu (all skipped), a few sanitizer cases on the CPU without the sanitizer, the suite on
+# tiny CPU shapes, the static kernel report); the CUDA build is skipped. CI uses this to keep the
+# script working.
 #
 # Files written under $OUT (default ./device_out), at most 8 as the device tool returns:
 #   summary.txt  steps, environment, benchmark table (also printed at the end)
 #   setup.log    environment, installs, fla's import check and the CUDA build
 #   pytest_gpu.log, bench.jsonl (kernel ops and layers), bench.log, info_kernels.log
+#   sanitizer.log   both sanitizer tools' output, one line per case (verdicts in summary.txt)
 #   layers_gpu.txt  RMS error ratios of tests/test_fla_layers_gpu.py (lamina, fla, float64), when it ran
 
 set -u -o pipefail
@@ -52,6 +57,20 @@ BENCH_LAYERS_TIMEOUT="${BENCH_LAYERS_TIMEOUT:-0}"
 INFO_TIMEOUT="${INFO_TIMEOUT:-60}"
 # The decode-step and generation benchmarks (each this long at most): 0 leaves them out.
 BENCH_DECODE_TIMEOUT="${BENCH_DECODE_TIMEOUT:-0}"
+# compute-sanitizer (step 3b): each tool's run of benchmarks/sanitizer_cases.py is limited to
+# SANITIZER_TIMEOUT and leaves SANITIZER_RESERVE_S of the total budget to the benchmark sample, the
+# kernel report and the summary. SANITIZER=path picks the binary (under DRY_RUN it is used only when
+# given: CI passes a stand-in that runs the cases); SANITIZER_TOOLS adds initcheck or synccheck.
+SANITIZER_TIMEOUT="${SANITIZER_TIMEOUT:-100}"
+SANITIZER_RESERVE_S="${SANITIZER_RESERVE_S:-90}"
+SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck}"
+SANITIZER_GIVEN="${SANITIZER:+1}"
+if [ -z "${SANITIZER:-}" ]; then
+    SANITIZER=$(command -v compute-sanitizer || true)
+    for dir in "${CUDA_HOME:-/usr/local/cuda}/bin" /usr/local/cuda/bin; do
+        if [ -z "$SANITIZER" ] && [ -x "$dir/compute-sanitizer" ]; then SANITIZER="$dir/compute-sanitizer"; fi
+    done
+fi
 # Kept free for the steps after the benchmark (kernel report, summary) when sizing its budget.
 RESERVE_AFTER_BENCH="${RESERVE_AFTER_BENCH:-50}"
 # The suite stops starting new cases this long before its step limit (ceilings, the case in flight, exit).
@@ -69,6 +88,12 @@ if [ "$DRY_RUN" = "1" ]; then
 else
     BENCH_ARGS="${BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
     LAYERS_BENCH_ARGS="${LAYERS_BENCH_ARGS:---device cuda --shapes standard --warmup-ms 10 --rep-ms 40}"
+fi
+if [ "$DRY_RUN" = "1" ]; then
+    # the cheapest cases under the Triton interpreter, and the C++ CPU kernels (about 10 s)
+    SANITIZER_CASE_ARGS="${SANITIZER_CASE_ARGS:---device cpu --quick}"
+else
+    SANITIZER_CASE_ARGS="${SANITIZER_CASE_ARGS:---device cuda}"
 fi
 if [ "$DRY_RUN" = "1" ]; then
     DECODE_BENCH_ARGS="${DECODE_BENCH_ARGS:---device cpu --threads 1}"
@@ -195,6 +220,48 @@ else
         "$PYTHON" -m pytest $PYTEST_ARGS
 fi
 
+# ---- 3b. compute-sanitizer: one small case of every kernel under memcheck and racecheck --------
+# benchmarks/sanitizer_cases.py runs every Triton kernel (forward and backward, varlen, odd dims) and
+# the CUDA C++ kernels of lamina._C on tiny shapes. PyTorch's caching allocator is turned off so that
+# memcheck sees the bounds of every tensor (an overrun into a neighbouring block of the cache is
+# otherwise invisible to it). Both tools log to sanitizer.log (the device tool returns 8 files at most).
+SANITIZER_LOG="$OUT/sanitizer.log"
+SANITIZER_LINES=()
+sanitizer_verdict() {  # TOOL FIRST_LINE: the tool's result from the lines of sanitizer.log from FIRST_LINE on
+    local section
+    section=$(tail -n +"$2" "$SANITIZER_LOG")
+    if grep -qi "device not supported" <<<"$section"; then
+        SANITIZER_LINES+=("$1: compute-sanitizer does not support the GPU on this machine (as on gVisor machines): not checked")
+        STEPS[${#STEPS[@]}-1]="$(printf '%-14s %-28s %5s s' "$1" "unsupported device" 0)"
+        return 1
+    fi
+    SANITIZER_LINES+=("$1: $(grep -h '^sanitizer cases: .* ok' <<<"$section" | tail -n 1 || echo "no case summary") |\
+ $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' <<<"$section" | tr -s '= ' ' ' | paste -sd ';' - || true)")
+    return 0
+}
+if [ "${SKIP_SANITIZER:-0}" = "1" ]; then
+    skip_step sanitizer "SKIP_SANITIZER=1"
+elif [ "$DRY_RUN" = "1" ] && [ -z "$SANITIZER_GIVEN" ]; then
+    # shellcheck disable=SC2086  # SANITIZER_CASE_ARGS is a word list on purpose
+    run_step sanitizer "$SANITIZER_TIMEOUT" "$SANITIZER_LOG" env TRITON_INTERPRET=1 \
+        "$PYTHON" benchmarks/sanitizer_cases.py $SANITIZER_CASE_ARGS
+    SANITIZER_LINES+=("DRY_RUN: the cases on the CPU, no sanitizer: $(grep -h '^sanitizer cases: .* ok' \
+"$SANITIZER_LOG" | tail -n 1)")
+elif [ -z "$SANITIZER" ]; then
+    skip_step sanitizer "no compute-sanitizer on PATH or in /usr/local/cuda/bin"
+else
+    : >"$SANITIZER_LOG"
+    for tool in $SANITIZER_TOOLS; do
+        limit=$(( $(remaining) - SANITIZER_RESERVE_S ))
+        if [ "$limit" -gt "$SANITIZER_TIMEOUT" ]; then limit=$SANITIZER_TIMEOUT; fi
+        first=$(( $(wc -l <"$SANITIZER_LOG") + 1 ))
+        # shellcheck disable=SC2086  # SANITIZER_CASE_ARGS is a word list on purpose
+        run_step "$tool" "$limit" "$SANITIZER_LOG" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1 \
+            "$SANITIZER" --tool "$tool" --error-exitcode 1 "$PYTHON" benchmarks/sanitizer_cases.py $SANITIZER_CASE_ARGS
+        sanitizer_verdict "$tool" "$first" || break
+    done
+fi
+
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
 bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT ))
@@ -259,6 +326,11 @@ SUMMARY="$OUT/summary.txt"
         echo
         echo "=== fla layers vs lamina on the GPU, largest RMS error ratio per case (all: $(basename "$LAYERS_REPORT"))"
         grep -h "largest" "$LAYERS_REPORT"
+    fi
+    if [ "${#SANITIZER_LINES[@]}" -gt 0 ]; then
+        echo
+        echo "=== compute-sanitizer ($(basename "$SANITIZER_LOG"))"
+        printf '%s\n' "${SANITIZER_LINES[@]}"
     fi
     echo
     echo "=== steps"

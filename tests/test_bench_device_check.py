@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,10 +18,57 @@ from lamina.bench import specs
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "device_check.sh"
 # Files the device tool brings back (at most 8, no deeper than two folders).
-EXPECTED = ("summary.txt", "setup.log", "pytest_gpu.log", "bench.jsonl", "bench.log", "info_kernels.log")
+EXPECTED = ("summary.txt", "setup.log", "pytest_gpu.log", "bench.jsonl", "bench.log", "info_kernels.log",
+            "sanitizer.log")
+CASES = ROOT / "benchmarks" / "sanitizer_cases.py"
+# Stands in for compute-sanitizer in the dry run: checks the options the script passes, runs the program
+# (the sanitizer cases on the CPU) and ends with the tool's summary line, as the real tool does; for
+# UNSUPPORTED_TOOL it fails as the real tool does on gVisor machines ("Device not supported").
+FAKE_SANITIZER = """#!/usr/bin/env bash
+[ "$1" = "--tool" ] && [ "$3" = "--error-exitcode" ] && [ "$4" = "1" ] || { echo "bad options: $*"; exit 2; }
+[ "${PYTORCH_NO_CUDA_MEMORY_CACHING:-}" = "1" ] || { echo "the caching allocator hides overruns"; exit 3; }
+tool=$2
+shift 4
+echo "========= COMPUTE-SANITIZER ($tool)"
+[ "$tool" = "${UNSUPPORTED_TOOL:-}" ] && { echo "========= Error: Device not supported"; exit 1; }
+"$@"
+rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+[ "$rc" -eq 0 ] || exit 1
+"""
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and coreutils timeout")
+
+
+def _stand_in(tmp_path, text: str) -> str:
+    path = tmp_path / "compute-sanitizer"
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def _cases_module():
+    spec = importlib.util.spec_from_file_location("sanitizer_cases", CASES)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sanitizer_cases", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _steps(summary: str) -> list[str]:
+    return summary.split("=== steps", 1)[1].splitlines()
+
+
+def _cheap_run(tmp_path, **extra):
+    """A dry run with every step but the sanitizer's left out or cut to nothing (the benchmark: a 1 s limit)."""
+    out = tmp_path / "device_out"
+    env = {**os.environ, "OUT": str(out), "DRY_RUN": "1", "PYTHON": sys.executable, "SKIP_PYTEST": "1",
+           "SKIP_INFO": "1", "BENCH_TIMEOUT": "1", "LAMINA_BENCH_PLAIN": "1", **extra}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, (out / "summary.txt").read_text()
 
 
 def test_script_parses():
@@ -47,17 +96,22 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
         "LAMINA_BENCH_PLAIN": "1",
     }
     env.pop("TRITON_INTERPRET", None)
+    env.pop("SANITIZER", None)
     proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(p.name for p in out.iterdir())
     assert set(EXPECTED) <= set(files) and len(files) <= 8, files
     summary = (out / "summary.txt").read_text()
     assert proc.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])  # the last lines are the summary
-    steps = summary.split("=== steps", 1)[1]
+    steps = _steps(summary)
     for step, status in (("install", "ok"), ("fla_import", "skipped ("), ("build_cuda", "skipped (DRY_RUN"),
-                         ("pytest_gpu", "ok"), ("bench ", "ok"), ("bench_layers", "ok"), ("bench_decode", "ok"),
-                         ("bench_generation", "ok"), ("info_kernels", "")):
-        assert any(line.startswith(step) and status in line for line in steps.splitlines()), (step, steps)
+                         ("pytest_gpu", "ok"), ("sanitizer", "ok"), ("bench ", "ok"), ("bench_layers", "ok"),
+                         ("bench_decode", "ok"), ("bench_generation", "ok"), ("info_kernels", "")):
+        assert any(line.startswith(step) and status in line for line in steps), (step, steps)
+    quick = _cases_module().QUICK  # the dry run's cases: the CPU kernels of lamina._C are built here
+    assert f"no sanitizer: sanitizer cases: {len(quick)} ok, 0 failed, 0 skipped" in summary, summary
+    log = (out / "sanitizer.log").read_text()
+    assert all(f"{name} " in log for name in quick), log
     records = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "ceiling" for r in records)
     ok = [r for r in records if r["kind"] == "result" and r["status"] == "ok"]
@@ -65,3 +119,59 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     assert {r["provider"] for r in ok if r["op"] in specs.LAYER_OPS} == {"lamina-torch"}
     assert "x vs reference" in summary
     assert "skipped" in (out / "pytest_gpu.log").read_text()
+
+
+def test_sanitizer_step_runs_each_tool_and_stops_at_an_unsupported_device(tmp_path):
+    """The GPU path through a stand-in: memcheck runs the cases and passes, racecheck meets a device the tool
+    does not support, and the tools after it are not tried."""
+    out, summary = _cheap_run(tmp_path, SANITIZER=_stand_in(tmp_path, FAKE_SANITIZER), UNSUPPORTED_TOOL="racecheck",
+                              SANITIZER_TOOLS="memcheck racecheck initcheck",
+                              SANITIZER_CASE_ARGS="--device cpu --only hrm_update_cuda,rms_norm")
+    steps = _steps(summary)
+    assert any(line.startswith("memcheck") and "ok" in line for line in steps), steps
+    assert any(line.startswith("racecheck") and "unsupported device" in line for line in steps), steps
+    assert not any(line.startswith("initcheck") for line in steps), steps
+    verdicts = summary.split("=== compute-sanitizer (sanitizer.log)", 1)[1]
+    assert "memcheck: sanitizer cases: 2 ok, 0 failed, 0 skipped" in verdicts, verdicts
+    assert "ERROR SUMMARY: 0 errors" in verdicts, verdicts
+    assert "racecheck: compute-sanitizer does not support the GPU on this machine" in verdicts, verdicts
+    log = (out / "sanitizer.log").read_text()
+    assert "COMPUTE-SANITIZER (memcheck)" in log and "rms_norm " in log, log
+
+
+def test_skip_sanitizer_leaves_the_step_out(tmp_path):
+    out, summary = _cheap_run(tmp_path, SKIP_SANITIZER="1")
+    assert any(line.startswith("sanitizer") and "skipped (SKIP_SANITIZER=1)" in line for line in _steps(summary))
+    assert not (out / "sanitizer.log").exists() and "=== compute-sanitizer" not in summary
+
+
+def test_sanitizer_cases_cover_every_kernel():
+    """Every Triton kernel module of the static report's registry and every op of lamina._C has a case."""
+    from lamina.kernels import KERNEL_MODULES
+
+    listing = subprocess.run([sys.executable, str(CASES), "--list"], capture_output=True, text=True,
+                             check=True).stdout
+    named = {word for line in listing.splitlines() for word in line.split()[1:]}
+    bindings = (ROOT / "csrc" / "bindings.cpp").read_text()
+    ext_ops = set(re.findall(r'm\.def\(\s*"(\w+)\(', bindings))
+    assert ext_ops, "no m.def( schemas found in csrc/bindings.cpp"
+    missing = (set(KERNEL_MODULES) | {f"lamina._C:{op}" for op in ext_ops}) - named
+    assert not missing, f"kernels without a sanitizer case: {sorted(missing)}"
+    assert named <= set(KERNEL_MODULES) | {f"lamina._C:{op}" for op in ext_ops}, named
+
+
+def test_autotuners_are_pinned_to_one_config_without_timing(tmp_path):
+    """On a GPU the autotuners hold several configs: each keeps the first its pruning keeps, and none is timed."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import sanitizer_cases as s\n"
+        "n = s.pin_autotuners()\n"
+        "from lamina.kernels.delta_chunk_fwd import _prep_fwd\n"
+        "pruned = _prep_fwd.prune_configs({})\n"
+        "assert n >= 4 and len(_prep_fwd.configs) > 1 and pruned == _prep_fwd.configs[:1], (n, pruned)\n"
+        "assert _prep_fwd._bench(config=pruned[0]) == [0.0, 0.0, 0.0]\n"
+        "print(n)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code, str(CASES.parent)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
