@@ -235,8 +235,12 @@ sanitizer_verdict() {  # TOOL FIRST_LINE: the tool's result from the lines of sa
         STEPS[${#STEPS[@]}-1]="$(printf '%-14s %-28s %5s s' "$1" "unsupported device" 0)"
         return 1
     fi
-    SANITIZER_LINES+=("$1: $(grep -h '^sanitizer cases: .* ok' <<<"$section" | tail -n 1 || echo "no case summary") |\
- $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' <<<"$section" | tr -s '= ' ' ' | paste -sd ';' - || true)")
+    local cases
+    cases=$(grep -h '^sanitizer cases: .* ok' <<<"$section" | tail -n 1) ||
+        cases="cut short after $(grep -cE '^[a-z0-9_]+ +(ok|FAIL|skip) ' <<<"$section") cases ($(grep -cE \
+'^[a-z0-9_]+ +FAIL ' <<<"$section") failed)"
+    SANITIZER_LINES+=("$1: $cases | $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' <<<"$section" | sed 's/^=* *//' |
+        paste -sd ';' - || true)")
     return 0
 }
 if [ "${SKIP_SANITIZER:-0}" = "1" ]; then
