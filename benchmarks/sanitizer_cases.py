@@ -35,14 +35,14 @@ K_ODD, V_ODD = 48, 80          # delta-rule head dims that are not powers of two
 T_CHUNKS = 70                  # two chunks of 64, the second partial
 SEQLENS = (1, 70, 9)           # varlen pack: a length-1 sequence, a two-chunk one, a short one
 DECODE_SEQLENS = (1, 3, 9)     # decode step over packed sequences
-ATTN_DIMS = (80, 320)          # Prism head dims: padded to 128, and split over 256 + 64
+ATTN_DIMS = (80, 320)          # Prism head dims, not powers of two: one under 128, one over 256 (FlashAttention's cap)
 HRM_D = 200                    # not a power of two
 CONV_W = 4                     # fla's short-convolution width
 DEFAULT_DTYPE = "bfloat16"
 EXT = "lamina._C"
 
-# Cases run by device_check.sh's DRY_RUN (--quick): the cheapest under the interpreter (each well under a
-# second on an idle core once lamina is imported) and the C++ CPU kernels.
+# Cases run by device_check.sh's DRY_RUN (--quick): the cheapest under the interpreter (a second or less
+# each on an idle core once lamina is imported) and the C++ CPU kernels.
 QUICK = ("decode_gdn_pool", "decode_gdn_pool_cuda", "hrm_update_cuda", "rms_norm_gated", "short_conv_update")
 
 
@@ -416,6 +416,8 @@ _FWD, _BWD, _DQK = ("lamina.kernels.delta_chunk_fwd", "lamina.kernels.delta_chun
                     "lamina.kernels.delta_chunk_bwd_dqk")
 _REC = "lamina.kernels.delta_recurrent_fwd"
 _ATTN = ("lamina.kernels.prism_attn_fwd", "lamina.kernels.prism_attn_bwd")
+_DEC = "lamina.kernels.prism_attn_decode"
+_NARROW, _WIDE = ATTN_DIMS
 
 CASES: list[Case] = []
 for _v in ("delta", "gdn", "kda", "gdn2"):
@@ -432,12 +434,12 @@ CASES += [
     Case("decode_gdn_pool_cuda", (f"{EXT}:delta_decode_step",), decode_case("gdn", "pool", ext=True)),
     Case("decode_kda_spec_cuda", (f"{EXT}:delta_decode_step",), decode_case("kda", "spec", ext=True)),
     Case("decode_gdn2_varlen_cuda", (f"{EXT}:delta_decode_step",), decode_case("gdn2", "varlen", ext=True)),
-    Case("prism_d80_gqa", _ATTN, prism_case(80, varlen=False, causal=True, H=4, HKV=2)),
-    Case("prism_d320", _ATTN, prism_case(320, varlen=False, causal=False, H=2, HKV=2)),
-    Case("prism_d80_varlen_gqa", _ATTN, prism_case(80, varlen=True, causal=True, H=4, HKV=1)),
-    Case("prism_d320_varlen", _ATTN, prism_case(320, varlen=True, causal=True, H=2, HKV=1)),
-    Case("prism_decode_paged_d80", ("lamina.kernels.prism_attn_decode",), prism_decode_case(80, paged=True)),
-    Case("prism_decode_d320", ("lamina.kernels.prism_attn_decode",), prism_decode_case(320, paged=False)),
+    Case(f"prism_d{_NARROW}_gqa", _ATTN, prism_case(_NARROW, varlen=False, causal=True, H=4, HKV=2)),
+    Case(f"prism_d{_WIDE}", _ATTN, prism_case(_WIDE, varlen=False, causal=False, H=2, HKV=2)),
+    Case(f"prism_d{_NARROW}_varlen_gqa", _ATTN, prism_case(_NARROW, varlen=True, causal=True, H=4, HKV=1)),
+    Case(f"prism_d{_WIDE}_varlen", _ATTN, prism_case(_WIDE, varlen=True, causal=True, H=2, HKV=1)),
+    Case(f"prism_decode_paged_d{_NARROW}", (_DEC,), prism_decode_case(_NARROW, paged=True)),
+    Case(f"prism_decode_d{_WIDE}", (_DEC,), prism_decode_case(_WIDE, paged=False)),
     Case("hrm_update", ("lamina.kernels.hrm_update",), hrm_case(token_gate=False)),
     Case("hrm_update_token_gate", ("lamina.kernels.hrm_update",), hrm_case(token_gate=True)),
     Case("hrm_update_cuda", (f"{EXT}:hrm_update_fwd", f"{EXT}:hrm_update_bwd"), hrm_case(False, ext=True)),
