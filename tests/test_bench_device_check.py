@@ -90,14 +90,17 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
                       "--exclude torch-compile --threads 1 --cpu-min-run-s 0.02",
         "BENCH_LAYERS_TIMEOUT": "60",
         "LAYERS_BENCH_ARGS": "--device cpu --shapes tiny --mode fwd --threads 1 --cpu-min-run-s 0.02",
+        # the decode and generation steps get 40 s each: their cases are cut to fit well inside it on a loaded
+        # machine (one batch size, a short prompt and few new tokens)
         "BENCH_DECODE_TIMEOUT": "40",
         "DECODE_BENCH_ARGS": "--device cpu --threads 1 --cpu-min-run-s 0.02",
+        "GENERATION_BENCH_ARGS": "--device cpu --threads 1 --batch-sizes 1 --prompt-len 8 --new-tokens 4",
         "INFO_TIMEOUT": "10",
         "LAMINA_BENCH_PLAIN": "1",
     }
     env.pop("TRITON_INTERPRET", None)
     env.pop("SANITIZER", None)
-    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(p.name for p in out.iterdir())
     assert set(EXPECTED) <= set(files) and len(files) <= 8, files

@@ -82,7 +82,10 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: list[str]) -> int:
-    args = _run_parser().parse_args(argv)
+    parser = _run_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and _csv(args.op) != ["generation"]:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from lamina.bench.report import Progress, print_report
     from lamina.bench.results import ResultWriter, default_results_path
     from lamina.bench.suite import SuiteConfig, run_suite
@@ -104,7 +107,7 @@ def _run(argv: list[str]) -> int:
 
         forwarded = ["--device", device] + (["--out", args.out] if args.out else []) \
             + (["--no-save"] if args.no_save else []) + (["--threads", str(args.threads)] if args.threads else [])
-        return generation.main(forwarded)
+        return generation.main(forwarded + extra)  # its own options (--batch-sizes, --new-tokens, ...)
     _check_names("op", ops, (*OPS, *OP_GROUPS))
     ops = expand_ops(ops)
     _check_names("provider", providers + exclude, tuple(PROVIDERS))
