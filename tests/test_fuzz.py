@@ -3,6 +3,7 @@ saved and replayed; the command line, the case drawing and the hypothesis strate
 
 from __future__ import annotations
 
+import functools
 import json
 import runpy
 
@@ -201,3 +202,39 @@ def test_hypothesis_strategies_draw_runnable_cases():
         check_case(case)
 
     check()
+
+
+@pytest.mark.parametrize("op,mode", [("DeltaNet", "chunk"), ("GatedDeltaNet", "fused_recurrent"),
+                                     ("KimiDeltaAttention", "chunk"), ("GatedDeltaNet2", "fused_recurrent")])
+def test_layer_baseline_runs_the_naive_ops_and_matches_float64(monkeypatch, op, mode):
+    """The float32 baseline of a layer case swaps every delta-rule op for the naive stand-in, which must
+    model each option the layer passes: its float32 output is within the table of the float64 layer."""
+    import copy
+
+    import lamina.ops.delta_rule as ops
+    from lamina.fuzz.common import pytorch_dispatch
+    from lamina.fuzz.layers import build_layer, naive_delta_ops
+    from lamina.testing import assert_close
+
+    case = {"op": op, "seed": 3, "hidden": 32, "heads": 2, "head_dim": 16, "v_ratio": 2, "mode": mode,
+            "short_conv": True, "allow_neg_eigval": True, "use_gate": True, "rotary": False, "kv_heads": 1}
+    layer = build_layer(case)
+    oracle = copy.deepcopy(layer).double()
+    x = torch.randn(2, 21, 32, generator=torch.Generator().manual_seed(0))
+    with pytorch_dispatch():
+        y_ref = oracle(x.double())
+    y_ref = y_ref[0] if isinstance(y_ref, tuple) else y_ref
+    calls = []
+    fast = {name: getattr(ops, name) for name in space.DELTA_SPECS}
+    for name, fn in fast.items():
+        counted = functools.wraps(fn)(lambda *a, _n=name, _f=fn, **k: calls.append(_n) or _f(*a, **k))
+        monkeypatch.setattr(ops, name, counted)
+    with pytorch_dispatch(), naive_delta_ops():
+        y = layer(x)
+    y = y[0] if isinstance(y, tuple) else y
+    assert calls == []  # the stand-ins ran, not lamina's ops
+    assert_close("y", y, y_ref)
+    with pytest.raises(ValueError, match="does not model"):
+        with naive_delta_ops():
+            ops.chunk_gated_delta_rule(x.view(2, 21, 2, 16), x.view(2, 21, 2, 16), x.view(2, 21, 2, 16),
+                                       g=x.view(2, 21, 2, 16)[..., 0], beta=None, head_first=True)

@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from lamina.testing import (
+    BASELINE_FACTOR,
     RECURRENCE_RMS_RATIO,
     ZERO_GRADIENT_FRACTION,
     _rms,
     assert_attention_close,
     assert_close,
     gradient_scale,
+    reduction_scale,
 )
 
 # fla's benchmark shape of one output (B, T, H, V) and an interpreter-test shape
@@ -110,3 +112,37 @@ def test_attention_floor_follows_the_call_scale():
     assert_attention_close("dq", roundoff, exact_zero, exact_zero.float(), grad=True, scale=peak)
     with pytest.raises(AssertionError, match="max error"):
         assert_attention_close("dq", (1e-4 * dv).float(), exact_zero, exact_zero.float(), grad=True, scale=peak)
+
+
+def test_baseline_allows_three_times_plain_float32_error_and_no_more():
+    expected = _reference((64, 32))
+    noise = _reference((64, 32), seed=8)
+    ratio = RECURRENCE_RMS_RATIO[torch.float32]
+    baseline = expected + 2 * ratio * _rms(expected) * noise  # a plain float32 run: 2x the table's bound
+    near = expected + 1.5 * BASELINE_FACTOR * ratio * _rms(expected) * noise  # 3x that baseline's error: 1.5/2
+    far = expected + 2.5 * BASELINE_FACTOR * ratio * _rms(expected) * noise  # 2.5/2 of 3x the baseline's
+    with pytest.raises(AssertionError, match="RMS error ratio"):
+        assert_close("x", near.float(), expected)
+    assert_close("x", near.float(), expected, baseline=baseline.float())
+    with pytest.raises(AssertionError, match="RMS error ratio"):
+        assert_close("x", far.float(), expected, baseline=baseline.float())
+
+
+def test_baseline_does_not_hide_a_planted_error():
+    expected = _reference(INTERPRETER_SHAPE)
+    baseline = expected + 2 * RECURRENCE_RMS_RATIO[torch.float32] * _rms(expected) * _reference(INTERPRETER_SHAPE, 9)
+    with pytest.raises(AssertionError):
+        assert_close("o", _flip(expected, 1, typical=True).float(), expected, baseline=baseline.float())
+
+
+def test_reduction_scale_is_the_largest_root_sum_square_of_the_terms():
+    terms = torch.tensor([[3.0, -3.0], [4.0, 4.0]], dtype=torch.float64)  # column sums 7 and 1
+    assert reduction_scale(terms, (1, 2)) == pytest.approx(5.0)
+    assert reduction_scale(terms, (2, 1)) == pytest.approx(32 ** 0.5)
+    # a sum that cancels to ~0 is compared at the size of its terms: an error of 1e-7 of them passes,
+    # an error of 1e-4 of them does not
+    exact = terms.sum(0, keepdim=True) * 0
+    scale = reduction_scale(terms, exact.shape)
+    assert_attention_close("d", exact.float() + 4e-7 * scale / 4, exact, exact.float(), grad=True, scale=scale)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_attention_close("d", exact.float() + 1e-4 * scale, exact, exact.float(), grad=True, scale=scale)

@@ -61,10 +61,12 @@ def backward(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> Non
 
 
 def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.Tensor | None],
-                  kinds: dict[str, tuple[str, torch.dtype]]) -> None:
+                  kinds: dict[str, tuple[str, torch.dtype]],
+                  baselines: dict[str, torch.Tensor | None] | None = None) -> None:
     """``d<name>`` of every input that requires grad against the oracle's; ``kinds[name]`` is
     ``(kind, dtype row)`` of the tolerance table; a gradient that is zero in exact math is compared at
-    ``gradient_scale`` of the call's reference gradients."""
+    ``gradient_scale`` of the call's reference gradients. ``baselines``: the inputs of a plain float32
+    run of the oracle, whose gradients serve as ``assert_close``'s ``baseline``."""
     scale = gradient_scale([refs[n].grad for n, x in inputs.items() if x is not None and x.requires_grad])
     for name, x in inputs.items():
         if x is None or not x.requires_grad:
@@ -77,7 +79,16 @@ def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.
         if ref is None:
             ref = torch.zeros_like(refs[name])
         kind, dtype = kinds[name]
-        assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype, scale=scale)
+        base = None
+        if baselines is not None and baselines.get(name) is not None:
+            base = baselines[name].grad
+            base = torch.zeros_like(baselines[name]) if base is None else base
+        assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype, scale=scale, baseline=base)
+
+
+def float32_copies(inputs: dict[str, torch.Tensor | None], grad: bool) -> dict[str, torch.Tensor | None]:
+    """float32 CPU leaves with the values of ``inputs``: the inputs of a plain float32 baseline run."""
+    return {n: None if t is None else t.detach().float().cpu().requires_grad_(grad) for n, t in inputs.items()}
 
 
 @contextlib.contextmanager

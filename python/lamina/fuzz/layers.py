@@ -5,12 +5,23 @@ input gradient and every parameter gradient (RMS error ratio, recurrence rows of
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
+from collections.abc import Iterator
 
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, pytorch_dispatch
+from lamina.fuzz.delta import _oracle
+from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale
+
+# Arguments of the delta-rule ops that the naive stand-ins below model; any other must keep its default.
+_MODELLED = {"q", "k", "v", "g", "gk", "beta", "b", "w", "A_log", "dt_bias", "scale", "initial_state",
+             "output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound",
+             "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first", "cu_seqlens", "cu_seqlens_cpu",
+             "chunk_size", "backend", "safe_gate", "disable_recompute"}
 
 
 def build_layer(case: dict) -> torch.nn.Module:
@@ -37,6 +48,45 @@ def build_layer(case: dict) -> torch.nn.Module:
     raise ValueError(f"not a layer: {op!r}")
 
 
+def _naive_op(name: str, op):
+    """A stand-in for the delta-rule op ``name``: the fuzzer's oracle (naive ``lamina.reference`` math,
+    in the inputs' precision) behind the op's own signature."""
+    signature = inspect.signature(op)
+
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        for param, value in a.items():
+            if param not in _MODELLED and value is not signature.parameters[param].default:
+                raise ValueError(f"the float32 baseline does not model {name}'s {param}")
+        case = {"op": name, "scale": a["scale"], "l2norm": a["use_qk_l2norm_in_kernel"],
+                "gate_in_kernel": a.get("use_gate_in_kernel", False), "lower_bound": a.get("lower_bound"),
+                "beta_sigmoid": a.get("use_beta_sigmoid_in_kernel", False),
+                "allow_neg_eigval": a.get("allow_neg_eigval", False), "state_v_first": a.get("state_v_first", False),
+                "chunk_size": a.get("chunk_size")}
+        r = {n: a.get(n) for n in ("q", "k", "v", "g", "gk", "beta", "b", "w", "initial_state", "A_log", "dt_bias")}
+        o, ht = _oracle(case, r, a["cu_seqlens"], chunked=DELTA_SPECS[name].chunked)
+        return o.to(r["v"].dtype), (ht if a["output_final_state"] else None)
+
+    return call
+
+
+@contextlib.contextmanager
+def naive_delta_ops() -> Iterator[None]:
+    """Layers built inside this block run the naive stand-ins instead of lamina's delta-rule ops."""
+    import lamina.ops.delta_rule as ops
+
+    saved = {name: getattr(ops, name) for name in DELTA_SPECS}
+    try:
+        for name, op in saved.items():
+            setattr(ops, name, _naive_op(name, op))
+        yield
+    finally:
+        for name, op in saved.items():
+            setattr(ops, name, op)
+
+
 def _forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     out = layer(x)
     return out[0] if isinstance(out, tuple) else out
@@ -60,24 +110,40 @@ def check_layer(case: dict) -> None:
         y = _forward(layer, x)
     with pytorch_dispatch():
         y_ref = _forward(oracle, x_ref)
-    assert_close("y", y, y_ref, dtype=dtype)
-    if not grad:
-        return
     dy = draw.cotangent(y.shape, y.dtype)
-    if case["backend"] == "torch" and device == "cpu":
-        with pytorch_dispatch():
+    if grad:
+        with pytorch_dispatch() if case["backend"] == "torch" and device == "cpu" else contextlib.nullcontext():
             y.backward(dy.to(device, y.dtype))
-    else:
-        y.backward(dy.to(device, y.dtype))
-    with pytorch_dispatch():
-        y_ref.backward(dy)
+        with pytorch_dispatch():
+            y_ref.backward(dy)
     ref_params = dict(oracle.named_parameters())
+    try:
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype)
+    except AssertionError:
+        if dtype != torch.float32:
+            raise
+        # The float32 baseline: the same layer in float32 over naive delta-rule math (lamina.testing).
+        plain = copy.deepcopy(oracle).float()
+        x_b = x_ref.detach().float().requires_grad_(grad)
+        with pytorch_dispatch(), naive_delta_ops():
+            y_b = _forward(plain, x_b)
+            if grad:
+                y_b.backward(dy.float())
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, (x_b, y_b, dict(plain.named_parameters())))
+
+
+def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, base=None) -> None:
+    x_b, y_b, base_params = base if base is not None else (None, None, {})
+    assert_close("y", y, y_ref, dtype=dtype, baseline=y_b)
+    if x.grad is None and x_ref.grad is None:
+        return
     scale = gradient_scale([x_ref.grad, *(p.grad for p in ref_params.values())])
-    assert_close("dx", x.grad, x_ref.grad, dtype=dtype, scale=scale)
+    assert_close("dx", x.grad, x_ref.grad, dtype=dtype, scale=scale, baseline=None if x_b is None else x_b.grad)
     for name, p in layer.named_parameters():
         ref = ref_params[name].grad
         if p.grad is None or ref is None:
             if (p.grad is None) != (ref is None):
                 raise AssertionError(f"d{name}: gradient present in only one of layer and float64 copy")
             continue
-        assert_close(f"d{name}", p.grad, ref, dtype=dtype, scale=scale)
+        b = base_params[name].grad if name in base_params else None
+        assert_close(f"d{name}", p.grad, ref, dtype=dtype, scale=scale, baseline=b)

@@ -23,6 +23,8 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TORCH_DTYPES = KERNEL_DTYPES + (torch.float64,)
 # Query rows per step of the PyTorch path: bounds its score buffer to [B, H, 1024, S] at a time.
 TORCH_QUERY_BLOCK = 1024
+# Query rows per step of the CPU backward of the fused path (smaller: causal blocks skip more keys).
+EXACT_BACKWARD_BLOCK = 128
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,6 +167,55 @@ _prism_attention_fwd_op.register_autograd(_backward, setup_context=_setup_contex
 # ----------------------------------------------------------------------------------------------
 # PyTorch path: blockwise over query rows, autograd by PyTorch
 # ----------------------------------------------------------------------------------------------
+def _visible(seqlen_q: int, seqlen_k: int, start: int, rows: int, device: torch.device) -> torch.Tensor:
+    """Causal mask of query rows ``start .. start + rows`` (bottom-right aligned): [rows, seqlen_k] bool."""
+    row = torch.arange(start, start + rows, device=device)[:, None]
+    return torch.arange(seqlen_k, device=device)[None, :] <= row + (seqlen_k - seqlen_q)
+
+
+class _SDPAExactBackward(torch.autograd.Function):
+    """PyTorch's fused attention forward with a backward that recomputes the probabilities exactly.
+
+    PyTorch's CPU SDPA backward forms its probabilities with a fast exponential: its float32 gradients
+    were measured at up to ~8x the error of a plain float32 softmax backward (dv) and nonzero where
+    the exact gradient is 0 (dq, dk with one key), against FlashAttention's rule of 3x. This backward
+    runs blockwise over query rows: ``P = exp(s - logsumexp(s))``, ``dv = P^T dO``, ``dP = dO v^T``,
+    ``ds = P * (dP - rowsum(P * dP))``, ``dq = ds k * scale``, ``dk = ds^T q * scale``. Inputs are
+    [B, H, T, D] (key heads already repeated), and every row sees a key.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float):
+        seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+        mask = _visible(seqlen_q, seqlen_k, 0, seqlen_q, q.device) if causal and seqlen_q != seqlen_k else None
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+        ctx.save_for_backward(q, k, v)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for start in range(0, seqlen_q, EXACT_BACKWARD_BLOCK):
+            rows = slice(start, start + EXACT_BACKWARD_BLOCK)
+            q_blk, do_blk = q[:, :, rows], do[:, :, rows]
+            # Causal: keys past the block's last visible one take no part (every row sees key 0).
+            keys = seqlen_k if not ctx.causal else min(seqlen_k, start + q_blk.shape[2] + seqlen_k - seqlen_q)
+            k_blk, v_blk = k[:, :, :keys], v[:, :, :keys]
+            s = (q_blk @ k_blk.transpose(-1, -2)).mul_(ctx.scale)
+            if ctx.causal:
+                s.masked_fill_(~_visible(seqlen_q, seqlen_k, start, q_blk.shape[2], q.device)[:, :keys], float("-inf"))
+            p = s.sub_(torch.logsumexp(s, dim=-1, keepdim=True)).exp_()
+            dv[:, :, :keys] += p.transpose(-1, -2) @ do_blk
+            dp = do_blk @ v_blk.transpose(-1, -2)
+            ds = dp.sub_((p * dp).sum(-1, keepdim=True)).mul_(p)
+            dq[:, :, rows] = (ds @ k_blk).mul_(ctx.scale)
+            dk[:, :, :keys] += (ds.transpose(-1, -2) @ q_blk).mul_(ctx.scale)
+        return dq, dk, dv, None, None
+
+
 def _attention_torch_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> torch.Tensor:
@@ -173,19 +224,20 @@ def _attention_torch_sdpa(
     A query row with a NaN gives NaN, as in the blockwise path and the reference. Computes in
     float32 at least, like the blockwise path, so the torch backend's precision does not
     depend on which of the two runs. Measured on 2 CPU cores at 1x1024x10x64 causal fp32: 10 ms here
-    against 114 ms for the blockwise path.
+    against 114 ms for the blockwise path. On CPU the backward is ``_SDPAExactBackward``'s.
     """
     compute = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
     qt = rearrange(q.to(compute), "b t h d -> b h t d")
     kt = rearrange(k.to(compute), "b s h d -> b h s d").repeat_interleave(group, dim=1)
     vt = rearrange(v.to(compute), "b s h d -> b h s d").repeat_interleave(group, dim=1)
-    mask = None
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    if causal and seqlen_q != seqlen_k:
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        mask = torch.arange(seqlen_k, device=q.device)[None, :] <= rows + (seqlen_k - seqlen_q)
-    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    if q.device.type == "cpu":
+        o = _SDPAExactBackward.apply(qt, kt, vt, causal, scale)
+    else:
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        mask = _visible(seqlen_q, seqlen_k, 0, seqlen_q, q.device) if causal and seqlen_q != seqlen_k else None
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None,
+                                           scale=scale)
     # SDPA returns 0 for a query row holding a NaN; the reference (and the blockwise path) return NaN.
     # Restored here without a host read: NaN inputs propagate on every path (lamina._validate).
     o = torch.where(torch.isnan(qt).any(-1, keepdim=True), torch.nan, o)
