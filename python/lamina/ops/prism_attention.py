@@ -4,7 +4,9 @@ Paths (``lamina._dispatch.select_backend``): CUDA tensors and CPU tensors under 
 interpreter run lamina's Triton kernels (``lamina.kernels.prism_attn_fwd``/``_bwd``) through the
 ``lamina::prism_attention_fwd``/``_bwd`` custom ops, whose autograd formula is registered with
 ``torch.library.register_autograd`` (so ``torch.compile(fullgraph=True)`` sees one opaque op). CPU
-tensors by default run a blockwise PyTorch implementation, differentiated by PyTorch's autograd.
+tensors by default run PyTorch's fused attention with an exact blockwise backward
+(``_SDPAExactBackward``), or, where the lse is asked for or a causal row sees no key, a blockwise
+PyTorch implementation differentiated by PyTorch's autograd.
 FlashAttention is not used: lamina's kernel serves every head dim.
 """
 
@@ -181,7 +183,8 @@ class _SDPAExactBackward(torch.autograd.Function):
     the exact gradient is 0 (dq, dk with one key), against FlashAttention's rule of 3x. This backward
     runs blockwise over query rows: ``P = exp(s - logsumexp(s))``, ``dv = P^T dO``, ``dP = dO v^T``,
     ``ds = P * (dP - rowsum(P * dP))``, ``dq = ds k * scale``, ``dk = ds^T q * scale``. Inputs are
-    [B, H, T, D] (key heads already repeated), and every row sees a key.
+    [B, H, T, D] (key heads already repeated), and every row sees a key. Cost, forward and backward
+    at 1x1024x10x64 float32 on 2 cores: 176 ms causal, 280 ms not (SDPA's own backward: 145, 185 ms).
     """
 
     @staticmethod
