@@ -111,6 +111,29 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def check_token_ids(
+    name: str,
+    ids: object,
+    vocab_size: int,
+    device: torch.device,
+    dtypes: tuple[torch.dtype, ...] = (torch.int32, torch.int64),
+    ignore_index: int | None = None,
+) -> None:
+    """``[B, T]`` integer ids on ``device`` in ``[0, vocab_size)`` (or ``ignore_index``). The range is
+    read on CPU only: on CUDA the embedding and loss kernels assert, and a check would sync."""
+    check_tensor(name, ids, ndim=2, dtypes=dtypes)
+    if ids.device != device:
+        raise ValueError(f"{name} must be on the model's device ({device}), got {ids.device}")
+    if ids.device.type == "cpu" and ids.numel() and not torch.compiler.is_compiling():
+        kept = ids if ignore_index is None else ids[ids != ignore_index]
+        if kept.numel():
+            lo, hi = int(kept.min()), int(kept.max())
+            if lo < 0 or hi >= vocab_size:
+                allowed = "" if ignore_index is None else f" (or {ignore_index})"
+                raise ValueError(f"{name} must be token ids in [0, vocab_size={vocab_size}){allowed}, "
+                                 f"got values in [{lo}, {hi}]")
+
+
 def check_gate_dtype(name: str, x: torch.Tensor, ref: torch.dtype, ref_name: str = "q") -> None:
     """A gate of the delta-rule ops is in the dtype of ``ref_name`` or in float32 (fla's gates are often float32)."""
     if x.dtype != ref and x.dtype != torch.float32:

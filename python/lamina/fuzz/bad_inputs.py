@@ -1,4 +1,4 @@
-"""Malformed calls of every public op and layer: each must raise ValueError/TypeError naming the argument.
+"""Malformed calls of every public op, layer and model: each must raise ValueError/TypeError naming the argument.
 
 ``run_bad_inputs()`` starts from one small valid call per op or layer and applies a table of
 mutations (wrong rank, mismatched dims, dtypes, another device, non-contiguous or overlapping
@@ -543,33 +543,8 @@ def _layer_targets() -> list[Target]:
     out.append(_layer_target("PrismAttention", L.PrismAttention, dict(attn), x_in(32), prism_muts))
     out.append(_layer_target("PrismBlock", L.PrismBlock, dict(attn), x_in(32), [
         *prism_muts, set_arg("norm", "bogus"), set_arg("mlp_ratio", -1.0)]))
-    out.append(_decoder_target())
     out += _hrm_layer_targets()
     return out
-
-
-def _decoder_target() -> Target:
-    import lamina.layers as L
-
-    def make(kw: Kwargs) -> object:
-        dev = kw.pop("_device")
-        fields = {k: kw.pop(k) for k in ("vocab_size", "d_model", "n_layers", "h_base") if k in kw}
-        model = L.PrismDecoder(L.PrismDecoderConfig(**fields)).to(dev)
-        return model(**kw)
-
-    def base(dev: torch.device) -> Kwargs:
-        return {"vocab_size": 11, "d_model": 32, "n_layers": 2, "h_base": 2, "_device": dev,
-                "input_ids": torch.randint(0, 11, (1, _T), device=dev)}
-
-    muts = (
-        drop_dim("input_ids"), add_dim("input_ids"), as_list("input_ids"), cast("input_ids", torch.float32),
-        move("input_ids"), set_arg("input_ids", lambda kw: torch.full((1, _T), 11, device=kw["_device"])),
-        set_arg("input_ids", lambda kw: torch.full((1, _T), -1, device=kw["_device"])),
-        set_arg("cache", "abc"), set_arg("attention_mask", lambda kw: torch.ones(1, _T, dtype=torch.int32)),
-        *cu_seqlens_cases(_T), set_arg("vocab_size", 0), set_arg("d_model", 30), set_arg("h_base", 0),
-        set_arg("n_layers", 0), set_arg("vocab_size", "11"),
-    )
-    return Target("PrismDecoder", base, make, muts)
 
 
 def _hrm_layer_targets() -> list[Target]:
@@ -620,6 +595,8 @@ def targets() -> list[Target]:
         _attention_target(), _kvcache_target(), _hrm_target(), _conv_target(), _conv_update_target(),
         _norm_target(gated=False), _norm_target(gated=True),
     ]
-    return ops + _layer_targets()
+    from lamina.fuzz.bad_models import model_targets
+
+    return ops + _layer_targets() + model_targets()
 
 __all__ = ["BadInputReport", "Mutation", "Target", "run_bad_inputs"]

@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from lamina._dispatch import BACKENDS
-from lamina._validate import check_bool, check_cu_seqlens, check_layer_input, check_tensor
+from lamina._validate import check_bool, check_cu_seqlens, check_layer_input, check_token_ids
 from lamina.generation import GenerationMixin, prefix_lengths
 from lamina.layers.rotary import RotaryEmbedding, apply_rotary
 from lamina.schedule import PrismSchedule
@@ -618,15 +618,7 @@ class PrismDecoder(GenerationMixin, nn.Module):
             attention_mask: with ``cache`` only: ``[B, T]`` right padding, row ``b`` keeps its first
                 ``attention_mask[b].sum()`` tokens (see ``PrismAttention.forward``).
         """
-        check_tensor("input_ids", input_ids, ndim=2, dtypes=(torch.int32, torch.int64))
-        weight = self.embed.weight
-        if input_ids.device != weight.device:
-            raise ValueError(f"input_ids must be on the model's device ({weight.device}), got {input_ids.device}")
-        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
-            lo, hi = int(input_ids.min()), int(input_ids.max())  # on CUDA the embedding kernel asserts instead
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"input_ids must be token ids in [0, vocab_size={self.config.vocab_size}), "
-                                 f"got values in [{lo}, {hi}]")
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, self.embed.weight.device)
         if cache is not None:
             if not isinstance(cache, PrismCache):
                 raise TypeError(f"cache must be a PrismCache (from new_cache()), got {type(cache).__name__}")

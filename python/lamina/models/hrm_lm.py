@@ -25,7 +25,7 @@ from einops import rearrange
 from torch import nn
 
 from lamina import generation
-from lamina._validate import check_tensor
+from lamina._validate import check_positive_int, check_tensor, check_token_ids
 from lamina.layers.hrm import MODES, HRMCore
 
 
@@ -48,6 +48,9 @@ class HRMLMConfig:
     backend: str = "auto"
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "mlp_ratio", "max_seq_len", "n_cycles", "steps_per_cycle",
+                     "grad_steps", "passes"):
+            check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
         if self.mode not in MODES:
@@ -199,12 +202,18 @@ class HRMLM(generation.GenerationMixin, nn.Module):
         return self.norm(out) @ self.embed.weight.t()
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> HRMLMOutput:
-        """input_ids: [B, T] int64, T <= max_seq_len; targets: [B, T] (ignore_index -100) or None."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}")
+        """input_ids: [B, T] int32/int64, T <= max_seq_len; targets: [B, T] int64 (ignore_index -100) or None."""
+        device = self.embed.weight.device
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, device)
         t = input_ids.shape[1]
         if t > self.config.max_seq_len:
-            raise ValueError(f"sequence length {t} exceeds max_seq_len {self.config.max_seq_len}")
+            raise ValueError(f"input_ids: sequence length {t} exceeds max_seq_len {self.config.max_seq_len}")
+        if targets is not None:
+            check_token_ids("targets", targets, self.config.vocab_size, device, dtypes=(torch.int64,),
+                            ignore_index=-100)
+            if targets.shape != input_ids.shape:
+                raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
+                                 f"got {tuple(targets.shape)}")
         x = self._encode(input_ids, torch.arange(t, device=input_ids.device))
         logits = [self._head(out) for out in self.core(x)]
         loss = None
