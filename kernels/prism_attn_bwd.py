@@ -77,9 +77,8 @@ def _prism_attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    seq = pid_bh // num_heads
-    head = (pid_bh % num_heads).to(tl.int64)
+    seq = tl.program_id(1)
+    head = tl.program_id(2).to(tl.int64)
     batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= len_q:
@@ -111,11 +110,10 @@ def _prism_attn_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid: (key blocks, sequences x key/value heads). dK/dV share K's and V's strides."""
+    """Grid: (key blocks, sequences, key/value heads). dK/dV share K's and V's strides."""
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    seq = pid_bh // num_kv_heads
-    kv_head = (pid_bh % num_kv_heads).to(tl.int64)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2).to(tl.int64)
     batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
     _, bos_k, len_k = sequence_bounds(CU_K, seq, seqlen_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
@@ -195,11 +193,10 @@ def _prism_attn_bwd_dq_kernel(
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid: (query blocks, sequences x query heads). dQ shares Q's strides."""
+    """Grid: (query blocks, sequences, query heads). dQ shares Q's strides."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    seq = pid_bh // num_heads
-    head = (pid_bh % num_heads).to(tl.int64)
+    seq = tl.program_id(1)
+    head = tl.program_id(2).to(tl.int64)
     kv_head = head // group_size
     batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
     _, bos_k, len_k = sequence_bounds(CU_K, seq, seqlen_k, IS_VARLEN)
@@ -302,12 +299,13 @@ def prism_attn_bwd(
         max_k = int(max_seqlen_k) if max_seqlen_k is not None else int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
     else:
         n_seq, max_q, max_k = batch, seqlen_q, seqlen_k
-    if n_seq * num_heads > MAX_GRID_YZ:
-        raise ValueError(f"sequences x heads must be <= {MAX_GRID_YZ}, got {n_seq} x {num_heads}")
+    if n_seq > MAX_GRID_YZ or num_heads > MAX_GRID_YZ:
+        raise ValueError(f"sequences and heads must each be <= {MAX_GRID_YZ} (grid axes 1 and 2), "
+                         f"got {n_seq} and {num_heads}")
     do = do.contiguous()
     delta = torch.empty_like(lse)
     block_dc = reduction_chunk(head_dim)
-    _prism_attn_bwd_preprocess_kernel[(cdiv(max_q, PREPROCESS_BLOCK_M), n_seq * num_heads)](
+    _prism_attn_bwd_preprocess_kernel[(cdiv(max_q, PREPROCESS_BLOCK_M), n_seq, num_heads)](
         o, do, delta, cu_seqlens_q, *_strides3(o), *_strides3(do), lse.stride(0), lse.stride(1),
         seqlen_q, num_heads, HEAD_DIM=head_dim, BLOCK_DC=block_dc, IS_VARLEN=is_varlen,
         BLOCK_M=PREPROCESS_BLOCK_M, num_warps=PREPROCESS_WARPS,
@@ -322,13 +320,13 @@ def prism_attn_bwd(
     flags = dict(HEAD_DIM=head_dim, BLOCK_DC=block_dc, CAUSAL=bool(causal), IS_VARLEN=is_varlen,
                  DOT_PRECISION=dot_precision(q.dtype))
     for out_offset, block_do in output_pieces(head_dim):
-        _dkdv_tuned[lambda meta: (cdiv(max_k, meta["BLOCK_N"]), n_seq * num_kv_heads)](
+        _dkdv_tuned[lambda meta: (cdiv(max_k, meta["BLOCK_N"]), n_seq, num_kv_heads)](
             q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, *common,
             seqlen_q, seqlen_k, num_kv_heads, group, scale * LOG2E, scale,
             BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
         )
     for out_offset, block_do in output_pieces(head_dim):
-        _dq_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq * num_heads)](
+        _dq_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq, num_heads)](
             q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, *common,
             seqlen_q, seqlen_k, num_heads, group, scale * LOG2E, scale,
             BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,

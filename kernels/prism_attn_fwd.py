@@ -96,11 +96,10 @@ def _prism_attn_fwd_kernel(
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid: (query blocks, sequences x heads). Writes O[..., OUT_OFFSET : OUT_OFFSET + BLOCK_DO]."""
+    """Grid: (query blocks, sequences, heads). Writes O[..., OUT_OFFSET : OUT_OFFSET + BLOCK_DO]."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    seq = pid_bh // num_heads
-    head = (pid_bh % num_heads).to(tl.int64)
+    seq = tl.program_id(1)
+    head = tl.program_id(2).to(tl.int64)
     kv_head = head // group_size
     batch, bos_q, len_q = sequence_bounds(CU_Q, seq, seqlen_q, IS_VARLEN)
     _, bos_k, len_k = sequence_bounds(CU_K, seq, seqlen_k, IS_VARLEN)
@@ -194,13 +193,14 @@ def prism_attn_fwd(
         max_q = int(max_seqlen_q) if max_seqlen_q is not None else int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     else:
         n_seq, max_q = batch, seqlen_q
-    if n_seq * num_heads > MAX_GRID_YZ:
-        raise ValueError(f"sequences x heads must be <= {MAX_GRID_YZ}, got {n_seq} x {num_heads}")
+    if n_seq > MAX_GRID_YZ or num_heads > MAX_GRID_YZ:
+        raise ValueError(f"sequences and heads must each be <= {MAX_GRID_YZ} (grid axes 1 and 2), "
+                         f"got {n_seq} and {num_heads}")
     o = torch.empty_like(q)
     lse = torch.empty((batch, num_heads, seqlen_q), device=q.device, dtype=torch.float32)
     block_dc = reduction_chunk(head_dim)
     for out_offset, block_do in output_pieces(head_dim):
-        _prism_attn_fwd_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq * num_heads)](
+        _prism_attn_fwd_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq, num_heads)](
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
             *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(o),
             lse.stride(0), lse.stride(1),

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 
+import lamina
 from lamina.diagnostics import attention_distance, layer_attention_distance
 from lamina.layers import PrismAttention, PrismBlock, PrismDecoder, PrismDecoderConfig
 from lamina.layers.prism import KVCache, PrismCache
@@ -69,8 +70,13 @@ def _attention_op(monkeypatch):
 
 
 def _sdpa_module() -> types.ModuleType:
+    """A stand-in op module: the layer calls ``prism_attention_with_layout`` (the op, positional)."""
     stand_in = types.ModuleType(OP_MODULE)
     stand_in.prism_attention = _sdpa_prism_attention
+    stand_in.prism_attention_with_layout = (
+        lambda q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, return_lse, backend, layout=None:
+        _sdpa_prism_attention(q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, return_lse, backend))
+    stand_in.Varlen = tuple
     stand_in.IS_STAND_IN = True
     return stand_in
 
@@ -252,22 +258,24 @@ def test_varlen_equals_separate_sequences():
 
 
 def test_layer_passes_arguments_to_the_op(monkeypatch):
+    from lamina.ops.prism_attention import Varlen
+
     calls = []
 
-    def spy(q, k, v, **kwargs):
-        calls.append((q.shape, k.shape, kwargs))
+    def spy(q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, return_lse, backend, layout=None):
+        calls.append((q.shape, k.shape, causal, scale, cu_q, cu_k, return_lse, backend, layout))
         return torch.zeros_like(q)
 
     stand_in = types.ModuleType(OP_MODULE)
-    stand_in.prism_attention = spy
+    stand_in.prism_attention_with_layout, stand_in.Varlen = spy, Varlen
     monkeypatch.setitem(sys.modules, OP_MODULE, stand_in)
     layer = PrismAttention(64, 4, 2, backend=BACKEND)
     layer(torch.randn(1, 7, 64), cu_seqlens=torch.tensor([0, 2, 7]), causal=False)
-    q_shape, k_shape, kwargs = calls[0]
+    q_shape, k_shape, causal, scale, cu_q, cu_k, return_lse, backend, layout = calls[0]
     assert q_shape == (1, 7, 4, 16) and k_shape == (1, 7, 2, 16)
-    assert kwargs["backend"] == BACKEND and kwargs["causal"] is False
-    assert kwargs["max_seqlen_q"] == kwargs["max_seqlen_k"] == 5
-    assert kwargs["cu_seqlens_q"].tolist() == kwargs["cu_seqlens_k"].tolist() == [0, 2, 7]
+    assert backend == BACKEND and causal is False and scale is None and return_lse is False
+    assert layout == Varlen([0, 2, 7], [0, 2, 7], 5, 5)
+    assert cu_q.tolist() == cu_k.tolist() == [0, 2, 7]
 
 
 def test_attention_gradients_reach_every_parameter():
@@ -460,3 +468,33 @@ def test_attention_layer_on_gpu_bf16(head_dim, monkeypatch):
     lowp, dx_lowp = run(x)
     assert_attention_close(f"out D={head_dim}", out, ref, lowp)
     assert_attention_close(f"dx D={head_dim}", dx, dx_ref, dx_lowp, grad=True)
+
+
+def _count_host_reads(monkeypatch) -> list[str]:
+    """Every read of a tensor's values on the host (tolist, item, int, bool, float, index) is recorded."""
+    reads: list[str] = []
+    for name in ("tolist", "item", "__int__", "__bool__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_varlen_call_reads_offsets_once(monkeypatch, backend):
+    """A varlen PrismAttention call, forward and backward, reads cu_seqlens to the host once; the op
+    reads cu_seqlens_q and cu_seqlens_k in one transfer."""
+    layer = PrismAttention(64, 4, 2, backend=backend)
+    x = torch.randn(1, 20, 64, requires_grad=True)
+    cu = torch.tensor([0, 5, 6, 20], dtype=torch.int32)
+    reads = _count_host_reads(monkeypatch)
+    layer(x, cu_seqlens=cu).sum().backward()
+    assert reads == ["tolist"]
+    q = torch.randn(1, 20, 2, 32)
+    reads.clear()
+    lamina.prism_attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, backend=backend)
+    assert reads == ["tolist"]

@@ -142,9 +142,10 @@ def test_fla_1077_delta_grids_stay_within_cuda_limits(monkeypatch, shape):
     _check_grids(grids_rec)
 
 
-@pytest.mark.parametrize("n_seq, heads", [(2048, 32), (4096, 16), (1, 128)])
+@pytest.mark.parametrize("n_seq, heads", [(2048, 32), (4096, 16), (1, 128), (MAX_GRID_YZ, 2), (MAX_GRID_YZ + 1, 2)])
 def test_fla_1077_prism_grids_within_limits_or_refused(monkeypatch, n_seq, heads):
-    """Prism puts sequences x heads on grid axis 1: at most 65535, or a ValueError naming the limit."""
+    """Prism puts sequences on grid axis 1 and heads on axis 2 (sequences x heads above 65535 run);
+    more than 65535 sequences in one call get a ValueError naming the limit."""
     import lamina.kernels.prism_attn_bwd as pbwd
     import lamina.kernels.prism_attn_fwd as pfwd
 
@@ -152,7 +153,7 @@ def test_fla_1077_prism_grids_within_limits_or_refused(monkeypatch, n_seq, heads
     grids_bwd = _record(monkeypatch, pbwd)
     q = torch.empty(n_seq, 64, heads, 128, device="meta", dtype=torch.bfloat16)
     kv = torch.empty(n_seq, 64, heads // 2, 128, device="meta", dtype=torch.bfloat16)
-    if n_seq * heads > MAX_GRID_YZ:
+    if n_seq > MAX_GRID_YZ:
         with pytest.raises(ValueError, match=str(MAX_GRID_YZ)):
             pfwd.prism_attn_fwd(q, kv, kv, True, 0.1)
         return

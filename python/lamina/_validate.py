@@ -67,19 +67,35 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, total: int, na
     """
     if cu_seqlens is None:
         return batch
-    check_tensor(name, cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64))
-    if batch != 1:
-        raise ValueError(f"{name} needs batch size 1 (sequences packed along T), got batch size {batch}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError(f"{name} must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
-    offs = cu_seqlens.tolist()
-    if offs[0] != 0:
-        raise ValueError(f"{name} must start at 0, got {offs[0]}")
-    if any(b < a for a, b in zip(offs[:-1], offs[1:])):
-        raise ValueError(f"{name} must be non-decreasing, got {offs}")
-    if offs[-1] != total:
-        raise ValueError(f"{name} must end at the packed length T={total}, got {offs[-1]}")
-    return len(offs) - 1
+    return len(read_offsets(batch, {name: (cu_seqlens, total)})[name]) - 1
+
+
+def read_offsets(batch: int, offsets: dict[str, tuple[torch.Tensor, int]]) -> dict[str, list[int]]:
+    """Validate several varlen offsets at once and return their values, read in one host transfer.
+
+    ``offsets`` maps each argument name to ``(cu_seqlens, total)``: int32/int64 ``[N + 1]`` offsets that
+    start at 0, never decrease and end at ``total``. ``batch`` must be 1.
+    """
+    for name, (cu, _) in offsets.items():
+        check_tensor(name, cu, ndim=1, dtypes=(torch.int32, torch.int64))
+        if batch != 1:
+            raise ValueError(f"{name} needs batch size 1 (sequences packed along T), got batch size {batch}")
+        if cu.numel() < 2:
+            raise ValueError(f"{name} must hold at least 2 offsets [0, ..., T], got {cu.numel()}")
+    tensors = [cu for cu, _ in offsets.values()]
+    flat = (tensors[0] if len(tensors) == 1 else torch.cat([t.to(torch.int64) for t in tensors])).tolist()
+    values, start = {}, 0
+    for name, (cu, total) in offsets.items():
+        offs = flat[start:start + cu.numel()]
+        start += cu.numel()
+        if offs[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {offs[0]}")
+        if any(b < a for a, b in zip(offs[:-1], offs[1:])):
+            raise ValueError(f"{name} must be non-decreasing, got {offs}")
+        if offs[-1] != total:
+            raise ValueError(f"{name} must end at the packed length T={total}, got {offs[-1]}")
+        values[name] = offs
+    return values
 
 
 def check_scale(name: str, scale: object) -> float | None:

@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from lamina._dispatch import BACKENDS
-from lamina._validate import check_bool, check_cu_seqlens, check_layer_input, check_token_ids
+from lamina._validate import check_bool, check_layer_input, check_same_device, check_token_ids, read_offsets
 from lamina.generation import GenerationMixin, prefix_lengths
 from lamina.layers.rotary import RotaryEmbedding, apply_rotary
 from lamina.schedule import PrismSchedule
@@ -31,11 +31,17 @@ from lamina.schedule import PrismSchedule
 NORMS = ("layernorm", "rmsnorm")
 
 
-def _attention_op() -> Callable[..., torch.Tensor]:
+def _attention_with_layout() -> Callable[..., torch.Tensor]:
     # Imported on first use so that building a module needs neither the op module nor triton.
-    from lamina.ops.prism_attention import prism_attention
+    from lamina.ops.prism_attention import prism_attention_with_layout
 
-    return prism_attention
+    return prism_attention_with_layout
+
+
+def _varlen_layout() -> type:
+    from lamina.ops.prism_attention import Varlen
+
+    return Varlen
 
 
 def _kvcache_op() -> Callable[..., torch.Tensor]:
@@ -56,10 +62,6 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
-
-
-def _max_seqlen(cu_seqlens: torch.Tensor) -> int:
-    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
 # A cache created without max_length allocates this many positions per sequence at a time: on a
@@ -347,17 +349,17 @@ class PrismAttention(nn.Module):
             raise ValueError("cache and cu_seqlens cannot be combined: decode packed sequences one batch row each")
         if cache is None and attention_mask is not None:
             raise ValueError("attention_mask needs a cache: it says how many tokens each row keeps in it")
-        check_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
+        varlen = None
+        if cu_seqlens is not None:  # the one host read of a varlen call
+            check_same_device(x=x, cu_seqlens=cu_seqlens)
+            offs = read_offsets(x.shape[0], {"cu_seqlens": (cu_seqlens, x.shape[1])})["cu_seqlens"]
+            longest = max(b - a for a, b in zip(offs[:-1], offs[1:]))
+            varlen = _varlen_layout()(offs, offs, longest, longest)
         if cache is not None:
             return self._forward_cached(x, cache, causal, attention_mask)
         q, k, v = self.project(x, cu_seqlens=cu_seqlens)
-        varlen = {}
-        if cu_seqlens is not None:
-            max_len = _max_seqlen(cu_seqlens)
-            varlen = dict(
-                cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_len, max_seqlen_k=max_len
-            )
-        o = _attention_op()(q, k, v, causal=causal, backend=self.backend, **varlen)
+        o = _attention_with_layout()(q, k, v, causal, None, cu_seqlens, cu_seqlens, None, None, False, self.backend,
+                                     layout=varlen)
         return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
 
     def _forward_cached(self, x: torch.Tensor, cache: KVCache, causal: bool,

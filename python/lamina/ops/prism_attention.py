@@ -12,12 +12,14 @@ FlashAttention is not used: lamina's kernel serves every head dim.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
 from lamina._dispatch import select_backend
-from lamina._validate import check_bool, check_cu_seqlens, check_same_device, check_scale, check_tensor
+from lamina._validate import check_bool, check_same_device, check_scale, check_tensor, read_offsets
 from lamina.kernels.prism_attn_common import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -32,6 +34,15 @@ EXACT_BACKWARD_BLOCK = 128
 # ----------------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------------
+class Varlen(NamedTuple):
+    """Packed sequences of one call, read on the host once: offsets and longest lengths."""
+
+    offsets_q: list[int]
+    offsets_k: list[int]
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
 def _check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -41,8 +52,9 @@ def _check_inputs(
     cu_seqlens_k: torch.Tensor | None,
     max_seqlen_q: int | None,
     max_seqlen_k: int | None,
-) -> tuple[int | None, int | None]:
-    """Raise ValueError/TypeError naming the bad argument; returns (max_seqlen_q, max_seqlen_k) for varlen."""
+    layout: Varlen | None = None,
+) -> Varlen | None:
+    """Raise ValueError/TypeError naming the bad argument; the varlen layout (one host read), if any."""
     check_tensor("q", q, ndim=4, dtypes=TORCH_DTYPES)
     check_tensor("k", k, ndim=4, dtypes=TORCH_DTYPES)
     check_tensor("v", v, ndim=4, dtypes=TORCH_DTYPES)
@@ -75,21 +87,22 @@ def _check_inputs(
             f"cu_seqlens_k={'a tensor' if cu_seqlens_k is not None else None}"
         )
     if cu_seqlens_q is None:
-        return None, None
-    n_q = check_cu_seqlens(cu_seqlens_q, batch, q.shape[1], "cu_seqlens_q")
-    n_k = check_cu_seqlens(cu_seqlens_k, batch, k.shape[1], "cu_seqlens_k")
-    if n_q != n_k:
+        return None
+    if layout is not None:  # read and validated by the caller from these offsets
+        return layout
+    offs = read_offsets(batch, {"cu_seqlens_q": (cu_seqlens_q, q.shape[1]), "cu_seqlens_k": (cu_seqlens_k, k.shape[1])})
+    offs_q, offs_k = offs["cu_seqlens_q"], offs["cu_seqlens_k"]
+    if len(offs_q) != len(offs_k):
         raise ValueError(
-            f"cu_seqlens_k must describe as many sequences as cu_seqlens_q ({n_q}), got {n_k}"
+            f"cu_seqlens_k must describe as many sequences as cu_seqlens_q ({len(offs_q) - 1}), got {len(offs_k) - 1}"
         )
     longest = []
-    for name, cu, given in (("max_seqlen_q", cu_seqlens_q, max_seqlen_q), ("max_seqlen_k", cu_seqlens_k, max_seqlen_k)):
-        offs = cu.tolist()
-        actual = max(b - a for a, b in zip(offs[:-1], offs[1:]))
+    for name, values, given in (("max_seqlen_q", offs_q, max_seqlen_q), ("max_seqlen_k", offs_k, max_seqlen_k)):
+        actual = max(b - a for a, b in zip(values[:-1], values[1:]))
         if given is not None and (not isinstance(given, int) or given < actual):
             raise ValueError(f"{name} must be an int >= the longest sequence ({actual}), got {given!r}")
         longest.append(actual if given is None else given)
-    return longest[0], longest[1]
+    return Varlen(offs_q, offs_k, longest[0], longest[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,8 +122,15 @@ def _prism_attention_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from lamina.kernels.prism_attn_fwd import prism_attn_fwd
 
-    return prism_attn_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale,
+    # The forward kernel takes batch, token and head strides: only a strided head dim is copied (a v
+    # split from a fused qkv projection is read in place). The backward writes dq, dk, dv with the
+    # strides of q, k, v, so it takes contiguous inputs.
+    return prism_attn_fwd(_unit_stride_last(q), _unit_stride_last(k), _unit_stride_last(v), causal, scale,
                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _unit_stride_last(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 @_prism_attention_fwd_op.register_fake
@@ -288,13 +308,12 @@ def _attention_torch(
     v: torch.Tensor,
     causal: bool,
     scale: float,
-    cu_seqlens_q: torch.Tensor | None,
-    cu_seqlens_k: torch.Tensor | None,
+    varlen: Varlen | None,
     need_lse: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if cu_seqlens_q is None:
+    if varlen is None:
         return _attention_torch_dense(q, k, v, causal, scale, need_lse)
-    offs_q, offs_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    offs_q, offs_k = varlen.offsets_q, varlen.offsets_k
     outs, lses = [], []
     for n in range(len(offs_q) - 1):
         o_n, lse_n = _attention_torch_dense(
@@ -342,22 +361,39 @@ def prism_attention(
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
         A query row that sees no key (causal with T > S) has o = 0 and lse = -inf.
     """
-    max_seqlen_q, max_seqlen_k = _check_inputs(q, k, v, scale, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k)
+    return prism_attention_with_layout(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, return_lse, backend)
+
+
+def prism_attention_with_layout(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    return_lse: bool,
+    backend: str,
+    layout: Varlen | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``prism_attention``, positional, where a caller that already read and validated the offsets passes
+    them as ``layout`` (a layer reads its ``cu_seqlens`` once per call; nothing here reads them again)."""
+    varlen = _check_inputs(q, k, v, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout)
     causal = check_bool("causal", causal)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     path = select_backend("prism_attention", backend, [q, k, v, cu_seqlens_q, cu_seqlens_k])
     if q.shape[1] == 0 or k.shape[1] == 0:  # nothing to attend: no kernel launch (same result: empty, or o = 0)
         path = "torch"
     if path == "torch":
-        o, lse = _attention_torch(q, k, v, bool(causal), scale, cu_seqlens_q, cu_seqlens_k, need_lse=return_lse)
+        o, lse = _attention_torch(q, k, v, bool(causal), scale, varlen, need_lse=return_lse)
     else:
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
-        if cu_seqlens_q is None:
-            max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
-        o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         bool(causal), scale)
+        max_q, max_k = (q.shape[1], k.shape[1]) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
+        o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal), scale)
     return (o, lse) if return_lse else o
 
 
