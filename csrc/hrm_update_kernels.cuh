@@ -34,8 +34,7 @@ constexpr int kVecBytes = 16;
 constexpr int kMaxElemsFwd = 32;
 constexpr int kMaxElemsBwd = 16;
 // Resident blocks per SM of the persistent backward grid. Two blocks of 256 threads cap the backward
-// at 128 registers; ptxas then spills 12-24 bytes (L1-resident) in the 16-bit block-per-row layout
-// with 2 packs per thread, against 140-153 registers and one block per SM without the cap.
+// at 128 registers; the widest layout keeps its bias accumulator in shared memory to stay within it.
 constexpr int kBwdBlocksPerSm = 2;
 // Widest row (in floats) a warp-per-row backward block combines through shared memory.
 constexpr int kMaxWarpRowCols = kMaxElemsBwd * kWarpSize;
@@ -286,7 +285,18 @@ __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(Bwd
   static_assert(kRows == 1 || ITEMS * GROUP * VEC <= kMaxWarpRowCols, "row too wide for the warp combine");
   const int sub = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
   const int64_t groups = (p.n + kRows - 1) / kRows;
-  float acc_dw[ITEMS][VEC] = {}, acc_db[ITEMS][VEC] = {};
+  // With kMaxElemsBwd elements a thread (block-per-row layout) the registers hold h, c, z, dy and dw;
+  // the bias accumulator lives in shared memory, one slot per (element, thread), which only this
+  // thread touches (no barrier). In registers it spilled 12-24 bytes under the 128-register cap.
+  constexpr bool kDbInSmem = GROUP == kBlockThreads && ITEMS * VEC >= kMaxElemsBwd;
+  __shared__ float db_smem[kDbInSmem ? ITEMS * VEC * kBlockThreads : 1];
+  const bool want_db = p.bias != nullptr && p.per_channel;
+  float acc_dw[ITEMS][VEC] = {};
+  float acc_db[kDbInSmem ? 1 : ITEMS][kDbInSmem ? 1 : VEC] = {};
+  if constexpr (kDbInSmem) {
+#pragma unroll
+    for (int e = 0; e < ITEMS * VEC; ++e) db_smem[e * kBlockThreads + threadIdx.x] = 0.f;
+  }
   float acc_db_row = 0.f;
   for (int64_t rg = blockIdx.x; rg < groups; rg += gridDim.x) {
     const int64_t row = rg * kRows + sub;
@@ -315,7 +325,11 @@ __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(Bwd
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           acc_dw[i][k] += o.dw[k];
-          acc_db[i][k] += o.dg[k];
+          if constexpr (kDbInSmem) {
+            if (want_db) db_smem[(i * VEC + k) * kBlockThreads + threadIdx.x] += o.dg[k];
+          } else {
+            acc_db[i][k] += o.dg[k];
+          }
           dz_row += o.dg[k];
         }
       }
@@ -332,7 +346,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(Bwd
   const Partials part = partials(p, ws, gridDim.x);
   __shared__ float cols_smem[kRows > 1 ? kRows * kMaxWarpRowCols : 1];
   for (int which = 0; which < 2; ++which) {
-    const bool wanted = which == 0 ? p.weight != nullptr : (p.bias != nullptr && p.per_channel);
+    const bool wanted = which == 0 ? p.weight != nullptr : want_db;
     if (!wanted) continue;
     float* dst = (which == 0 ? part.dw : part.db) + static_cast<int64_t>(blockIdx.x) * p.d;
 #pragma unroll
@@ -340,7 +354,12 @@ __global__ void __launch_bounds__(kBlockThreads, kBwdBlocksPerSm) bwd_kernel(Bwd
       const int64_t col = static_cast<int64_t>(i * GROUP + t) * VEC;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float v = which == 0 ? acc_dw[i][k] : acc_db[i][k];
+        float v;
+        if constexpr (kDbInSmem) {
+          v = which == 0 ? acc_dw[i][k] : db_smem[(i * VEC + k) * kBlockThreads + threadIdx.x];
+        } else {
+          v = which == 0 ? acc_dw[i][k] : acc_db[i][k];
+        }
         if constexpr (kRows == 1) {
           if (col < p.d) dst[col + k] = v;
         } else {
