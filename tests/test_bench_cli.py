@@ -144,3 +144,25 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys):
     assert main(["plot", str(FIXTURE)]) == 2
     err = capsys.readouterr().err
     assert "matplotlib is not installed" in err and "pip install" in err
+
+
+def test_pytest_benchmark_suite_plans_the_quick_cases_of_lamina_bench(monkeypatch):
+    """benchmarks/test_bench_suite.py's quick-* tests are the cases `lamina bench --quick` plans."""
+    import runpy
+    from pathlib import Path
+
+    from lamina.bench import cli, suite
+
+    seen = {}
+
+    def fake_run_suite(cfg, writer=None, progress=None, on_start=None):
+        seen["tasks"] = suite.plan(cfg)
+        return [], None
+
+    monkeypatch.setattr(suite, "run_suite", fake_run_suite)
+    monkeypatch.setattr(cli, "_warn_if_oversubscribed", lambda device: None)
+    module = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "test_bench_suite.py"))
+    assert cli.main(["--quick", "--no-save", "--no-ceilings", "--device", module["DEVICE"]]) == 0
+    quick = [task for kind, task in module["CASES"] if kind == "quick"]
+    assert [module["case_id"]("quick", t) for t in quick] == [module["case_id"]("quick", t) for t in seen["tasks"]]
+    assert quick and all(module["case_id"]("quick", t).startswith("quick-") for t in quick)

@@ -22,15 +22,10 @@ from pathlib import Path
 import torch
 
 from lamina.bench.providers import PROVIDERS
-from lamina.bench.specs import MODES, OP_GROUPS, OPS, QUICK_CUDA_SHAPES, QUICK_OPS, RUN_ORDER, SHAPE_SETS, expand_ops
+from lamina.bench.specs import MODES, OP_GROUPS, OPS, RUN_ORDER, SHAPE_SETS, expand_ops
 from lamina.bench.timing import TimingConfig
 
 SUBCOMMANDS = ("providers", "ceilings", "summary", "plot")
-# --quick: stop starting new measurements after this long, so the whole run stays under 2 minutes.
-QUICK_TIME_BUDGET_S = 75.0
-QUICK_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, cpu_min_run_s=0.2, slow_call_s=0.3)
-# --quick leaves out providers that cost more than they tell there: compile time on CPU, token loops on GPU.
-QUICK_EXCLUDE = {"cpu": ("torch-compile",), "cuda": ("torch-compile", "reference")}
 
 
 class UsageError(ValueError):
@@ -88,7 +83,7 @@ def _run(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from lamina.bench.report import Progress, print_report
     from lamina.bench.results import ResultWriter, default_results_path
-    from lamina.bench.suite import SuiteConfig, run_suite
+    from lamina.bench.suite import SuiteConfig, quick_config, run_suite
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,30 +107,27 @@ def _run(argv: list[str]) -> int:
     ops = expand_ops(ops)
     _check_names("provider", providers + exclude, tuple(PROVIDERS))
     _check_names("mode", modes, MODES)
-    timing = QUICK_TIMING if args.quick else TimingConfig()
-    timing = TimingConfig(
-        warmup_ms=args.warmup_ms if args.warmup_ms is not None else timing.warmup_ms,
-        rep_ms=args.rep_ms if args.rep_ms is not None else timing.rep_ms,
-        cpu_min_run_s=args.cpu_min_run_s if args.cpu_min_run_s is not None else timing.cpu_min_run_s,
-        slow_call_s=timing.slow_call_s,
-    )
-    cfg = SuiteConfig(device=device, ops=ops or list(RUN_ORDER), providers=providers or list(PROVIDERS),
-                      shape_set=args.shapes or ("standard" if device == "cuda" else "small"),
-                      modes=modes or None, timing=timing, time_budget_s=args.time_budget,
-                      measure_ceilings=not args.no_ceilings, tiny_ceilings=args.shapes == "tiny")
-    if args.quick:
-        pairs = [(op, mode) for op, mode in QUICK_OPS[device] if not ops or op in ops]
-        cfg.ops = list(dict.fromkeys(op for op, _ in pairs))
-        cfg.op_modes = {op: [m for o, m in pairs if o == op] for op in cfg.ops}
+    if args.quick:  # the quick cases (lamina.bench.suite.quick_config), with the options given on top
+        cfg = quick_config(device, ops)
         if modes:
             cfg.op_modes = {op: modes for op in cfg.ops}
-        if not providers:
-            cfg.providers = [p for p in PROVIDERS if p not in QUICK_EXCLUDE[device]]
-        if args.shapes is None:
-            cfg.shape_set = "standard" if device == "cuda" else "quick"
-            cfg.shape_filter = QUICK_CUDA_SHAPES if device == "cuda" else None
-        if args.time_budget is None:
-            cfg.time_budget_s = QUICK_TIME_BUDGET_S
+        if providers:
+            cfg.providers = providers
+        if args.shapes is not None:
+            cfg.shape_set, cfg.shape_filter = args.shapes, None
+        if args.time_budget is not None:
+            cfg.time_budget_s = args.time_budget
+    else:
+        cfg = SuiteConfig(device=device, ops=ops or list(RUN_ORDER), providers=providers or list(PROVIDERS),
+                          shape_set=args.shapes or ("standard" if device == "cuda" else "small"),
+                          modes=modes or None, time_budget_s=args.time_budget)
+    cfg.measure_ceilings, cfg.tiny_ceilings = not args.no_ceilings, args.shapes == "tiny"
+    cfg.timing = TimingConfig(
+        warmup_ms=args.warmup_ms if args.warmup_ms is not None else cfg.timing.warmup_ms,
+        rep_ms=args.rep_ms if args.rep_ms is not None else cfg.timing.rep_ms,
+        cpu_min_run_s=args.cpu_min_run_s if args.cpu_min_run_s is not None else cfg.timing.cpu_min_run_s,
+        slow_call_s=cfg.timing.slow_call_s,
+    )
     cfg.providers = [p for p in cfg.providers if p not in exclude]
 
     _warn_if_oversubscribed(device)

@@ -363,8 +363,9 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("lamina-torch", "lamina's PyTorch path, the CPU default (backend='torch'; layers: lamina.layers "
              "on the CPU)", LAMINA_OPS, _BOTH, _lamina_builder("torch"), _lamina_available("torch")),
     Provider("lamina-cpu-ext", "lamina's C++ CPU kernels in lamina._C (backend='cpu-ext')",
-             KERNEL_OPS, ("cpu",), _lamina_builder("cpu-ext"), _lamina_cpu_ext_check,
-             ops_note="layers run lamina's default dispatch (lamina-torch on the CPU)"),
+             ("hrm_update",), ("cpu",), _lamina_builder("cpu-ext"), _lamina_cpu_ext_check,
+             ops_note="of the suite's ops only hrm_update has a C++ CPU kernel (the delta-rule decode step's "
+                      "is timed by `lamina bench --op decode`)"),
     Provider("fla", "flash-linear-attention's Triton chunk kernels (fla.ops.*) and layers (fla.layers.*)",
              _FLA_OPS, ("cuda",), _fla_build, _fla_check, ops_note="fla has no kernel for this op in the suite",
              device_note="fla's Triton kernels need a GPU (lamina.patch_fla() would run fla's layers on "

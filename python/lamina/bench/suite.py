@@ -22,13 +22,18 @@ from lamina.bench.ceilings import Ceilings, measure_ceilings, roofline_fractions
 from lamina.bench.inputs import grad_leaves, make_inputs
 from lamina.bench.providers import PROVIDERS, ProviderSkip, get_provider, output_of
 from lamina.bench.results import ResultWriter, environment
-from lamina.bench.specs import get_op, shape_label, shapes_for
+from lamina.bench.specs import QUICK_CUDA_SHAPES, QUICK_OPS, get_op, shape_label, shapes_for
 from lamina.bench.timing import SLOW_CALL_REPEATS, Timing, TimingConfig, time_fn, wall_time_once
 
 # Execution order within a case: lamina and the fused libraries first, slow baselines last.
 PROVIDER_ORDER = ("lamina-triton", "lamina-cuda", "fla", "flash-attn", "sdpa-flash", "sdpa-cudnn",
                   "sdpa-efficient", "lamina-torch", "lamina-cpu-ext", "sdpa-math", "torch-compile",
                   "torch-eager", "reference")
+# --quick: stop starting new measurements after this long, so the whole run stays under 2 minutes.
+QUICK_TIME_BUDGET_S = 75.0
+QUICK_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, cpu_min_run_s=0.2, slow_call_s=0.3)
+# --quick leaves out providers that cost more than they tell there: compile time on CPU, token loops on GPU.
+QUICK_EXCLUDE = {"cpu": ("torch-compile",), "cuda": ("torch-compile", "reference")}
 # fla's guard for a Triton miscompile of its chunk backward on Hopper (fla issue #640).
 FLA_HOPPER_GUARD = "#640"
 # torch's message when an sdpa backend cannot run a case (the reasons come as warnings).
@@ -61,6 +66,20 @@ class Task:
     @property
     def label(self) -> str:
         return shape_label(self.op, self.params)
+
+
+def quick_config(device: str, ops: list[str] | None = None) -> SuiteConfig:
+    """The cases of ``lamina bench --quick`` on ``device`` (its op/mode pairs, shapes, providers, timing
+    and time budget), restricted to ``ops`` when given; ``benchmarks/test_bench_suite.py`` plans the same."""
+    pairs = [(op, mode) for op, mode in QUICK_OPS[device] if not ops or op in ops]
+    chosen = list(dict.fromkeys(op for op, _ in pairs))
+    return SuiteConfig(
+        device=device, ops=chosen, providers=[p for p in PROVIDERS if p not in QUICK_EXCLUDE[device]],
+        shape_set="standard" if device == "cuda" else "quick",
+        op_modes={op: [m for o, m in pairs if o == op] for op in chosen},
+        shape_filter=QUICK_CUDA_SHAPES if device == "cuda" else None,
+        timing=QUICK_TIMING, time_budget_s=QUICK_TIME_BUDGET_S,
+    )
 
 
 def plan(cfg: SuiteConfig) -> list[Task]:
