@@ -198,3 +198,55 @@ def test_validator_agrees_with_independent_rules(widths, h_base):
     except ValueError:
         accepted = False
     assert accepted == expected, (widths, h_base)
+
+
+# --- PrismSchedule.generate -------------------------------------------------------------------------
+
+@st.composite
+def _model_shape(draw) -> tuple[int, int, int]:
+    """(d_model, n_layers, h_base): d_model a multiple of 8 up to 4096, h_base with a head dim of 32..256."""
+    d_model = 8 * draw(st.integers(2, 512))
+    bases = [h for h in range(1, d_model + 1) if d_model % h == 0 and 32 <= d_model // h <= 256
+             and (d_model // h) % 8 == 0]
+    h_base = draw(st.sampled_from(bases)) if bases else d_model // 8
+    return d_model, draw(st.integers(1, 48)), h_base
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=_model_shape(), profile=st.sampled_from(["coarse", "fine"]))
+def test_generated_schedules_follow_the_rules(shape, profile):
+    d_model, n_layers, h_base = shape
+    schedule = PrismSchedule.generate(d_model, n_layers, h_base, profile=profile)
+    assert _rules_hold(d_model, h_base, list(schedule.heads))  # the independent statement of the rules
+    assert (schedule.d_model, schedule.n_layers, schedule.h_base) == shape
+    wider = [d for d in schedule.head_dims if d != d_model // h_base]
+    assert all(d <= 256 and d % 8 == 0 and d > d_model // h_base for d in wider)
+    if wider:  # the staircase starts at the widest allowed head dim
+        widest = max(d for d in range(8, 257, 8) if d_model % d == 0 and d_model // d < h_base)
+        assert schedule.head_dims[0] == widest
+
+
+def test_generate_profiles_and_uniform_fallback():
+    coarse = PrismSchedule.generate(768, 12, 12, profile="coarse")
+    fine = PrismSchedule.generate(768, 12, 12, profile="fine")
+    assert coarse.head_dims == (256,) * 3 + (96,) * 3 + (64,) * 6
+    assert fine.head_dims == (256, 256, 128, 128, 96, 96) + (64,) * 6
+    assert len(fine.runs()) > len(coarse.runs())
+    assert PrismSchedule.generate(96, 3, 2).is_uniform  # one layer to spend: no staircase
+    assert PrismSchedule.generate(512, 8, 2).is_uniform  # no head dim between 256 and 512 allowed
+    with pytest.raises(ValueError, match="profile"):
+        PrismSchedule.generate(768, 12, 12, profile="steep")
+    with pytest.raises(ValueError, match="divides d_model"):
+        PrismSchedule.generate(768, 12, 7)
+
+
+@pytest.mark.parametrize("shape", [(64, 4, 4), (128, 8, 4), (192, 6, 6)])
+def test_generated_schedule_has_the_uniform_parameter_count(shape):
+    from lamina.layers import PrismDecoder, PrismDecoderConfig
+
+    d_model, n_layers, h_base = shape
+    schedule = PrismSchedule.generate(d_model, n_layers, h_base, profile="fine")
+    assert not schedule.is_uniform
+    prism = PrismDecoder(PrismDecoderConfig(50, d_model, n_layers, h_base, widths=schedule.heads))
+    uniform = PrismDecoder(PrismDecoderConfig(50, d_model, n_layers, h_base))
+    assert prism.num_parameters() == uniform.num_parameters()

@@ -42,6 +42,8 @@ RULE_BASE_HALF = "at least L/2 layers at h_base"
 # Shortest and longest run of equal head counts allowed before the final h_base block (rule 4).
 MIN_RUN = 2
 MAX_RUN = 4
+# Staircases of ``PrismSchedule.generate``: few large steps, or many small ones.
+PROFILES = ("coarse", "fine")
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,55 @@ class PrismSchedule:
         _check_positive_int("n_layers", n_layers)
         _check_positive_int("n_heads", n_heads)
         return cls(d_model, n_layers, n_heads, widths=(n_heads,) * n_layers)
+
+    @classmethod
+    def generate(
+        cls,
+        d_model: int,
+        n_layers: int,
+        h_base: int,
+        profile: str = "coarse",
+        max_head_dim: int = 256,
+        head_dim_multiple: int = 8,
+    ) -> PrismSchedule:
+        """A progressive schedule under the rules: a staircase of wide heads, then ``h_base`` heads.
+
+        The first half of the layers (``n_layers // 2``; the rest is the final ``h_base`` block, rule 5)
+        steps the head count up through the divisors ``h`` of ``d_model`` with ``h < h_base`` and a
+        head dim ``d_model // h`` at most ``max_head_dim`` and a multiple of ``head_dim_multiple`` (8:
+        every head dim ``lamina.prism_attention`` runs), starting from the widest such head dim.
+        ``profile`` sets the staircase: ``"coarse"`` takes as few steps as runs of at most 4 layers
+        allow (plateaus of 3-4 layers, large steps in head dim), ``"fine"`` as many as runs of at least
+        2 layers allow (plateaus of 2, every few divisors). The steps are spread evenly over the
+        divisors between the widest and ``h_base``; layers the runs cannot take join the final block.
+        With no such divisor, or fewer than 2 layers to spend, the schedule is uniform. Every layer
+        projects ``d_model -> d_model``, so the parameter count equals the uniform model's.
+        """
+        _check_positive_int("d_model", d_model)
+        _check_positive_int("n_layers", n_layers)
+        _check_positive_int("h_base", h_base)
+        _check_positive_int("max_head_dim", max_head_dim)
+        _check_positive_int("head_dim_multiple", head_dim_multiple)
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        if d_model % h_base:
+            raise _violation(RULE_DIVIDES, n_layers - 1, f"h_base={h_base} does not divide d_model={d_model}")
+        steps = [h for h in range(1, h_base) if d_model % h == 0 and d_model // h <= max_head_dim
+                 and (d_model // h) % head_dim_multiple == 0]
+        prefix = n_layers // 2
+        if profile == "coarse":
+            count = min(len(steps), -(-prefix // MAX_RUN))
+        else:
+            count = min(len(steps), prefix // MIN_RUN)
+        if count == 0 or prefix < MIN_RUN:
+            return cls.uniform(d_model, n_layers, h_base)
+        # evenly spaced over the candidates, from the widest head dim (index 0) toward h_base
+        picks = sorted({round(i * (len(steps) - 1) / max(count - 1, 1)) for i in range(count)})
+        chosen = [steps[i] for i in picks] if count > 1 else [steps[0]]
+        spent = min(prefix, MAX_RUN * len(chosen))
+        lengths = [spent // len(chosen) + (i < spent % len(chosen)) for i in range(len(chosen))]
+        heads = [h for h, n in zip(chosen, lengths) for _ in range(n)]
+        return cls(d_model, n_layers, h_base, widths=tuple(heads + [h_base] * (n_layers - len(heads))))
 
     @classmethod
     def from_preset(cls, name: str) -> PrismSchedule:
