@@ -26,6 +26,18 @@ import torch  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+if INTERPRET:
+    # @triton.jit reads TRITON_INTERPRET when a kernel module is imported: import them all now, under the
+    # interpreter, so that a test that first reaches one with TRITON_INTERPRET=0 (PyTorch dispatch) does
+    # not leave compiled-mode kernels behind for the interpreter tests after it in the same process.
+    import importlib
+    import pkgutil
+
+    import lamina.kernels
+
+    for _module in pkgutil.iter_modules(lamina.kernels.__path__):
+        importlib.import_module(f"lamina.kernels.{_module.name}")
+
 
 # Tests that take minutes start first, so that under pytest-xdist no worker is left running one of them alone
 # at the end (the static report compiles every kernel configuration: 2-4 minutes with a cold Triton cache).

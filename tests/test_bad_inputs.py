@@ -21,7 +21,8 @@ from lamina import reference as R
 from lamina.fuzz.bad_inputs import Mutation, Target, _run_one, run_bad_inputs
 
 # Public names that are not ops, layers or models (schedules, patching, caches, configs).
-NOT_CALLS = {"PrismSchedule", "patch_fla", "__version__", "Cache", "PrismDecoderConfig", "HRMLMConfig"}
+NOT_CALLS = {"PrismSchedule", "patch_fla", "__version__", "Cache", "PrismDecoderConfig", "HRMLMConfig",
+             "LinearLMConfig"}
 PUBLIC = sorted((set(lamina.__all__) | set(lamina.layers.__all__) | set(lamina.models.__all__)) - NOT_CALLS)
 BACKENDS = ("torch", "triton")
 

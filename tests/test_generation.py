@@ -14,20 +14,16 @@ from torch import nn
 
 from lamina.bench.generation import run_generation_bench
 from lamina.generation import generate
-from lamina.layers import Cache, DeltaNet, GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention
+from lamina.layers import Cache
 from lamina.models.hrm_lm import HRMLM, AttentionCache, HRMLMConfig
+from lamina.models.linear_lm import LinearLM, LinearLMConfig
 
 VOCAB, D = 32, 32
 # Prompts of 6, 2 and 4 tokens, left-padded to 6; 5 new tokens each.
 PROMPT_LENGTHS = (6, 2, 4)
 NEW_TOKENS = 5
 
-DELTA_LAYERS = {
-    "DeltaNet": (DeltaNet, dict(num_heads=2)),
-    "GatedDeltaNet": (GatedDeltaNet, dict(head_dim=16, num_heads=2)),
-    "KimiDeltaAttention": (KimiDeltaAttention, dict(head_dim=16, num_heads=2)),
-    "GatedDeltaNet2": (GatedDeltaNet2, dict(head_dim=16, num_heads=2)),
-}
+DELTA_LAYERS = ("DeltaNet", "GatedDeltaNet", "KimiDeltaAttention", "GatedDeltaNet2")
 
 
 @pytest.fixture(autouse=True)
@@ -43,37 +39,6 @@ def _one_thread():
 def torch_path(monkeypatch):
     """Run lamina's ops on their PyTorch path (CPU without the Triton interpreter)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-
-
-class DeltaLM(nn.Module):
-    """Embedding, pre-norm residual delta-rule layers, final RMSNorm, LM head; decodes with ``lamina.layers.Cache``.
-
-    Each row's recurrent and short-convolution states live in the cache (one row per sequence),
-    so rows of different lengths need no positions: the prefill mask unpads them to varlen and
-    every row's state is taken after its own last token.
-    """
-
-    def __init__(self, layer_cls: type[nn.Module], options: dict, n_layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        self.layers = nn.ModuleList(layer_cls(hidden_size=D, layer_idx=i, **options) for i in range(n_layers))
-        self.norms = nn.ModuleList(nn.RMSNorm(D) for _ in range(n_layers))
-        self.final_norm = nn.RMSNorm(D)
-        self.head = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: Cache | None = None) -> torch.Tensor:
-        x = self.embed(input_ids)
-        for layer, norm in zip(self.layers, self.norms):
-            o, _, _ = layer(norm(x), attention_mask=attention_mask, past_key_values=cache, use_cache=cache is not None)
-            x = x + o
-        return self.head(self.final_norm(x))
-
-    def new_cache(self, batch_size: int, max_length: int) -> Cache:
-        return Cache()
-
-    def decode(self, input_ids: torch.Tensor, cache: Cache, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self(input_ids, attention_mask, cache)
 
 
 # Freshly initialised, HRM-LM's head (tied to the embedding) mostly predicts the last token again, and
@@ -127,15 +92,22 @@ def greedy_without_cache(logits_fn, rows: list[torch.Tensor], new_tokens: int) -
 
 # --- greedy generation through the cache equals the model without a cache ------------------------
 
-@pytest.mark.parametrize("name", list(DELTA_LAYERS))
-def test_delta_stack_greedy_equals_full_forwards(name, torch_path):
-    layer_cls, options = DELTA_LAYERS[name]
+@pytest.mark.parametrize("attention_every", [0, 2], ids=["delta", "hybrid"])
+@pytest.mark.parametrize("name", DELTA_LAYERS)
+def test_linear_lm_greedy_equals_full_forwards(name, attention_every, torch_path):
+    """lamina.models.LinearLM (a 2-layer stack of each delta-rule layer; hybrid: the second block is
+    Prism attention), in float64 with noisy weights so that every greedy step has a clear argmax."""
     torch.manual_seed(0)
-    model = DeltaLM(layer_cls, options).eval()
+    config = LinearLMConfig(VOCAB, D, 2, layer=name, num_heads=2, head_dim=None if name == "DeltaNet" else 16,
+                            attention_every=attention_every, backend="torch")
+    model = LinearLM(config).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.2)
     rows, ids, mask = prompts()
     tokens = generate(model, ids, NEW_TOKENS, attention_mask=mask)
     assert tokens.shape == (len(rows), NEW_TOKENS)
-    assert torch.equal(tokens, greedy_without_cache(model, rows, NEW_TOKENS))
+    assert torch.equal(tokens, greedy_without_cache(lambda x: model(x).logits, rows, NEW_TOKENS))
 
 
 @pytest.mark.parametrize("overrides", [

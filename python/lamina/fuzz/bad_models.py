@@ -1,4 +1,4 @@
-"""Malformed calls of lamina's models (``PrismDecoder``, ``lamina.models.HRMLM``), for ``run_bad_inputs``:
+"""Malformed calls of lamina's models (``PrismDecoder``, ``lamina.models.HRMLM``, ``LinearLM``), for ``run_bad_inputs``:
 bad token ids, targets and configuration values must raise ValueError/TypeError naming the argument."""
 
 from __future__ import annotations
@@ -80,5 +80,34 @@ def _hrmlm_target() -> Target:
     return Target("HRMLM", base, make, muts)
 
 
+def _linear_lm_target() -> Target:
+    from lamina.models import LinearLM, LinearLMConfig
+
+    fields = ("vocab_size", "hidden_size", "num_layers", "layer", "num_heads", "head_dim", "attention_every",
+              "attention_heads", "mlp_ratio", "layer_kwargs", "backend")
+
+    def make(kw: Kwargs) -> object:
+        dev = kw.pop("_device")
+        config = LinearLMConfig(**{k: kw.pop(k) for k in fields if k in kw})
+        return LinearLM(config).to(dev)(**kw)
+
+    def base(dev: torch.device) -> Kwargs:
+        return {"vocab_size": 11, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "attention_every": 2,
+                "_device": dev, "input_ids": torch.randint(0, 11, (1, _T), device=dev),
+                "labels": torch.randint(0, 11, (1, _T), device=dev)}
+
+    muts = (
+        *_token_cases(11), set_arg("labels", lambda kw: torch.zeros(1, _T + 1, dtype=torch.long, device=kw["_device"])),
+        cast("labels", torch.float32), move("labels"), set_arg("labels", lambda kw: _ids(kw, 11)),
+        set_arg("cache", "abc"), set_arg("attention_mask", lambda kw: torch.ones(1, _T, device=kw["_device"])),
+        set_arg("vocab_size", 0), set_arg("hidden_size", "32"), set_arg("attention_heads", 32),
+        set_arg("num_layers", 0), set_arg("layer", "Mamba"),
+        set_arg("num_heads", 0), set_arg("head_dim", -1), set_arg("attention_every", -1),
+        set_arg("attention_heads", 0), set_arg("mlp_ratio", 0), set_arg("layer_kwargs", "abc"),
+        set_arg("backend", "bogus"),
+    )
+    return Target("LinearLM", base, make, muts)
+
+
 def model_targets() -> list[Target]:
-    return [_decoder_target(), _hrmlm_target()]
+    return [_decoder_target(), _hrmlm_target(), _linear_lm_target()]

@@ -8,6 +8,8 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "HRMLM": "lamina.models.hrm_lm",
     "HRMLMConfig": "lamina.models.hrm_lm",
+    "LinearLM": "lamina.models.linear_lm",
+    "LinearLMConfig": "lamina.models.linear_lm",
 }
 
 __all__ = sorted(_EXPORTS)
