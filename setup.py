@@ -15,7 +15,7 @@ import glob
 import os
 import runpy
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # The tested dependency ranges live in the package (``lamina info`` checks them at run time).
 VERSIONS = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "python", "lamina", "_versions.py"))
@@ -55,15 +55,8 @@ setup(
     description="Triton and CUDA kernels for delta-rule recurrences, Prism attention and HRM-LM",
     python_requires=">=3.10",
     package_dir={"lamina": "python/lamina", "lamina.kernels": "kernels"},
-    packages=[
-        "lamina",
-        "lamina.kernels",
-        "lamina.ops",
-        "lamina.layers",
-        "lamina.reference",
-        "lamina.models",
-        "lamina.bench",
-    ],
+    # every package under python/lamina (a wheel holds only the packages listed here), and the kernels
+    packages=["lamina", "lamina.kernels", *(f"lamina.{p}" for p in find_packages("python/lamina"))],
     install_requires=[VERSIONS["TORCH_REQUIREMENT"], VERSIONS["TRITON_REQUIREMENT"], "einops>=0.7", "numpy"],
     extras_require={
         "test": [
