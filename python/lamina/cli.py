@@ -1,4 +1,4 @@
-"""The ``lamina`` command: ``lamina info``, ``lamina bench``, ``lamina fuzz``."""
+"""The ``lamina`` command: ``lamina info``, ``lamina bench``, ``lamina fuzz``, ``lamina diagnose``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="lamina", description="lamina kernels: info, benchmarks, fuzzing")
-    parser.add_argument("command", choices=["info", "bench", "fuzz"], help="what to run")
+    parser = argparse.ArgumentParser(prog="lamina",
+                                     description="lamina kernels: info, benchmarks, fuzzing, diagnostics")
+    parser.add_argument("command", choices=["info", "bench", "fuzz", "diagnose"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from lamina.bench.cli import main as bench_main
 
         return bench_main(rest)
+    if args.command == "diagnose":
+        from lamina.diagnostics.plots import main as diagnose_main
+
+        return diagnose_main(rest)
     from lamina.fuzz import main as fuzz_main
 
     return fuzz_main(rest)
