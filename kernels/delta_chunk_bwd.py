@@ -97,11 +97,11 @@ __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
-    q, k, v, g, b, w, h, do, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices, scale, T, NT,
+    q, k, v, g, b, w, h, do, dv_new, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     i_ch = tl.program_id(0)
     i_c = i_ch // HV
@@ -148,7 +148,7 @@ def _delta_chunk_bwd_prep_kernel(
 
     # Everything of the chunk that needs the forward's state S0 or dO but not the incoming dH is
     # formed here, in parallel over chunks, rather than in the sequential scan:
-    #   U = A (Z - Eb S0),  dU0 = P^T dO (the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
+    #   U = A (Z - Eb S0),  dU0 = P^T dO (+ dV_new; the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
     A_c = Am.to(DT)
     P_c = tl.trans(Pm.to(DT))
     o_bv = tl.arange(0, BV)
@@ -156,6 +156,8 @@ def _delta_chunk_bwd_prep_kernel(
     for v0 in range(0, V, BV):
         do_t = load_rows(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
         dU0 = tl.dot(P_c, do_t, input_precision=DOT_PRECISION)
+        if ADD_DV_NEW:  # the gradient of the returned writes U (cross-layer error routing) joins dU here
+            dU0 += load_rows(dv_new, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         store_tile(dU_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, dU0)
         rhs = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if WRITE == 1:
@@ -328,6 +330,7 @@ def delta_chunk_bwd(
     dfinal_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    dv_new: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the chunked delta-rule family (module docstring) with respect to every input.
 
@@ -341,6 +344,8 @@ def delta_chunk_bwd(
         do: [B, T, HV, V]. dfinal_state: [N, HV, K, V] or None (zero).
         cu_seqlens: [N + 1] int32/int64 sequence offsets (B == 1) or None.
         chunk_size: 16, 32 or 64.
+        dv_new: [B, T, HV, V] or None: the gradient of the writes ``U`` when the forward returned them
+            (``output_v_new``); it is added to ``dU`` before ``dR = A^T dU``, which carries it to every input.
 
     Returns:
         (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs (dinitial_state is
@@ -354,6 +359,9 @@ def delta_chunk_bwd(
         raise ValueError(f"v must have shape [B={B}, T={T}, HV, V] with HV % H == 0 (H={H}), got {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
     check_shape("do", do, v.shape, "like v")
+    if dv_new is not None:
+        check_tensor("dv_new", dv_new, ndim=4)
+        check_shape("dv_new", dv_new, v.shape, "like v")
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
     if K > MAX_HEAD_DIM_K:
@@ -376,6 +384,7 @@ def delta_chunk_bwd(
         check_shape("dfinal_state", dfinal_state, state_shape)
 
     q, k, v, do, h = (x.contiguous() for x in (q, k, v, do, h))
+    dv_new_in = dv_new.contiguous() if dv_new is not None else do
     b_in = b.contiguous() if b is not None else q.new_ones(lead)
     w_in = w.contiguous() if w is not None else q.new_ones(lead)
     g_in = g.contiguous() if g is not None else q
@@ -397,8 +406,8 @@ def delta_chunk_bwd(
     tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device))
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, v, g_in, b_in, w_in, h, do, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt, BK=tiles.prep_bk,
-        BV=tiles.prep_bv, **dims, **flags, **launch)
+        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt,
+        BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None, **dims, **flags, **launch)
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
@@ -446,7 +455,7 @@ def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
     replaced by a tensor of the activations' dtype; per-token partial sums are float32)."""
     act, f32, i32 = "*bf16", "*fp32", "*i32"
     types = {
-        "q": act, "k": act, "v": act, "do": act, "dq": act, "dk": act, "dv": act,
+        "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
         "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
         "dR_buf": f32, "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
@@ -467,7 +476,7 @@ def _register_default_configs() -> None:
             for arch, warpgroup_mma in _AOT_TARGETS.items():
                 tiles = bwd_tiles(K, V, decay, warpgroup_mma)
                 blocks = {
-                    _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv),
+                    _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
                     _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, USE_INITIAL_STATE=True,
                                                      USE_FINAL_STATE_GRADIENT=True),
                     _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),

@@ -290,14 +290,14 @@ def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_
 @triton.jit
 def _delta_chunk_scan_fwd_kernel(
     q, k, gcum, wy, u, aqk,
-    h0, o, ht, h,
+    h0, o, ht, h, vnew,
     cu_seqlens, chunk_offsets,
     scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -357,6 +357,8 @@ def _delta_chunk_scan_fwd_kernel(
         b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
         b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
         tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
+        if STORE_V_NEW:  # the writes, for cross-layer error routing (from registers: no extra pass)
+            tl.store(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), b_vnew.to(vnew.dtype.element_ty), mask=m_tv)
         b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
                            H, HV, K, BK, DECAY, DOT_PREC)
         if NK > 1:
@@ -417,7 +419,8 @@ def delta_chunk_fwd(
     cu_seqlens: torch.Tensor | None,
     chunk_size: int = CHUNK_SIZE,
     save_states: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Chunked forward of the delta-rule family on already transformed inputs.
 
     Inputs (l2norm, gate activation and beta sigmoid already applied by the caller):
@@ -427,7 +430,9 @@ def delta_chunk_fwd(
     (DeltaNet, GDN and KDA pass their beta as both); ``initial_state: [N, HV, K, V]`` float32;
     ``cu_seqlens: [N + 1]`` int32/int64 with ``B == 1`` (validated by the caller).
 
-    Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None, h or None)``.
+    Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None, h or None, v_new or
+    None)``. ``v_new`` (with ``output_v_new``): the writes ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)``,
+    ``[B, T, HV, V]`` in v.dtype, the ``U - Y S`` the state pass forms (stored from registers).
     ``h``: chunk-start states, float32 ``[total_chunks, HV, K, V]``; chunks are numbered per
     sequence as in ``delta_chunk_common.chunk_indices`` (``sum_n ceil(T_n / chunk_size)``, or
     ``B * ceil(T / chunk_size)`` ordered b-major); ``h[c]`` is the state before chunk ``c``.
@@ -458,12 +463,13 @@ def delta_chunk_fwd(
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states else None
+    v_new = torch.empty_like(v) if output_v_new else None
     if N * HV > 0:
         _scan_fwd[(N * HV * cdiv(V, BV),)](
-            q, k, gcum, wy, u, aqk, initial_state, o, ht, h, cu_seqlens, index.offsets, scale, T,
+            q, k, gcum, wy, u, aqk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
             BV=BV, DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states, **common)
-    return o, ht, h
+            STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states, STORE_V_NEW=output_v_new, **common)
+    return o, ht, h, v_new
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,11 +511,11 @@ def _register_aot_specs() -> None:
             for BV, archs in per_arch.items():
                 scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay,
                           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
-                          "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
+                          "STORE_V_NEW": False, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
                 if decay == DecayKind.NONE:
                     scan_c["gcum"] = None
                 scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                            "ht": "*fp32", "h": "*fp32", "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
+                            "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
                             "scale": "fp32", "T": "i32"}
                 scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
                 meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}

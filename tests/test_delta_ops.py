@@ -244,9 +244,10 @@ def test_torch_compile_fullgraph_matches_eager(backend):
 @pytest.mark.interpret
 def test_custom_op_registration_opcheck():
     q, k, v, g, b, w, h0 = family_inputs()
-    args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True)
-    torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    for output_v_new in (False, True):
+        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new)
+        torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 # --- bad input --------------------------------------------------------------------------------------

@@ -124,6 +124,7 @@ def layer_targets() -> list[Target]:
     out.append(_layer_target("PrismBlock", L.PrismBlock, dict(attn), x_in(32), [
         *prism_muts, set_arg("norm", "bogus"), set_arg("mlp_ratio", -1.0)]))
     out += _hrm_layer_targets()
+    out.append(_router_target())
     return out
 
 
@@ -159,3 +160,15 @@ def _hrm_layer_targets() -> list[Target]:
     return [update, core_target]
 
 
+def _router_target() -> Target:
+    import lamina.layers as L
+
+    inputs = lambda dev: {"routed": _randn(1, _T, 8, device=dev)}  # noqa: E731
+    return _layer_target("CrossLayerRouter", L.CrossLayerRouter, {"in_features": 8, "out_features": 4,
+                                                                  "kind": "cler"}, inputs, muts=[
+        as_list("routed"), resize("routed", 2, 9), resize("routed", 2, 0), cast("routed", torch.int32),
+        cast("routed", torch.bool), move("routed"), set_arg("routed", None), set_arg("routed", 3.0),
+        set_arg("in_features", 0), set_arg("in_features", -1), set_arg("in_features", 2.5),
+        set_arg("in_features", True), set_arg("out_features", 0), set_arg("out_features", "4"),
+        set_arg("kind", "bogus"), set_arg("kind", None), set_arg("kind", 3), set_arg("dtype", torch.int32),
+        set_arg("dtype", "float32"), zero_len(["routed"])])

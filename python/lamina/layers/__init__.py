@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "PrismDecoderConfig": "lamina.layers.prism",
     "HRMGatedUpdate": "lamina.layers.hrm",
     "HRMCore": "lamina.layers.hrm",
+    "CrossLayerRouter": "lamina.layers.routing",
 }
 
 __all__ = sorted(_EXPORTS)

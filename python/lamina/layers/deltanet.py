@@ -43,6 +43,8 @@ class DeltaNet(FlaDeltaLayer):
         qk_activation: "silu", "relu", "elu" (``elu(x) + 1``) or "identity".
         qk_norm: "l2" (in the op) or "sum" (``x / max(sum |x|, 1e-6)`` over the head dim).
         norm_eps: output RMSNorm epsilon.
+        routing: None, "clvr" or "cler": what ``forward(..., output_routed=True)`` returns as a fourth
+            result for the next layer (``lamina.layers.routing``); lamina's own, fla has no such option.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class DeltaNet(FlaDeltaLayer):
         qk_activation: str = "silu",
         qk_norm: str = "l2",
         norm_eps: float = 1e-5,
+        routing: str | None = None,
     ) -> None:
         super().__init__()
+        self._set_routing(routing)
         self._check_mode(mode)
         if qk_activation not in QK_ACTIVATIONS:
             raise ValueError(f"qk_activation must be one of {QK_ACTIVATIONS}, got {qk_activation!r}")

@@ -13,6 +13,10 @@ call signature and semantics:
 3. the recurrence: the chunked op for training and long inputs, the token-by-token op for short
    inputs at inference (``FUSED_RECURRENT_MAX_T``), with the cached state.
 4. the cache entry ``past_key_values[layer_idx]`` updated with the new states.
+
+Cross-layer routing (``lamina.layers.routing``): a layer built with ``routing="clvr" | "cler"`` returns
+what it routes as a fourth result with ``output_routed=True``; any layer adds ``routed_values`` to its
+value target (after step 2, before the recurrence).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from torch import nn
 
 from lamina._validate import check_layer_input, check_positive_int
 from lamina.layers.norm import FusedRMSNormGated
-from lamina.layers.padding import check_attention_mask, repad, unpad
+from lamina.layers.padding import check_attention_mask, repad, unpad, unpad_like
+from lamina.layers.routing import check_routing
 from lamina.layers.short_conv import ShortConvolution
 
 # Inputs this short run through the token-by-token kernel at inference (fla's switch point).
@@ -68,6 +73,11 @@ class FlaDeltaLayer(nn.Module):
     use_short_conv: bool
     layer_idx: int | None
     mode: str
+    # what output_routed=True returns: None (no routing), "clvr" or "cler" (lamina.layers.routing)
+    routing: str | None = None
+
+    def _set_routing(self, routing: str | None) -> None:
+        self.routing = check_routing(routing)
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -218,8 +228,10 @@ class FlaDeltaLayer(nn.Module):
         output_attentions: bool | None = False,
         *,
         cu_seqlens: torch.Tensor | None = None,
+        routed_values: torch.Tensor | None = None,
+        output_routed: bool = False,
         **kwargs: Any,
-    ) -> tuple[torch.Tensor, None, Any]:
+    ) -> tuple[Any, ...]:
         """fla's layer call: ``(o [B, T, hidden_size], None, past_key_values)``.
 
         Args:
@@ -231,11 +243,23 @@ class FlaDeltaLayer(nn.Module):
             use_cache: return the new states through ``past_key_values``.
             output_attentions: accepted for fla's block signature; no attention map exists (None).
             cu_seqlens: ``[N + 1]`` offsets of sequences packed along T (``B == 1``).
+            routed_values: ``[B, T, value_dim]``, added to the value target ``v`` (cross-layer routing:
+                the previous layer's routed tensor through a ``CrossLayerRouter``).
+            output_routed: return a fourth result, ``[B, T, value_dim]``: the value target (``routing="clvr"``)
+                or the write error (``"cler"``) of every token (zeros at padding).
             **kwargs: other arguments model stacks pass to every layer (e.g. ``position_ids``),
                 unused here as in fla.
         """
         check_layer_input("hidden_states", hidden_states, self, width=self.hidden_size, width_name="hidden_size")
         batch_size, q_len, _ = hidden_states.shape
+        if output_routed and self.routing is None:
+            raise ValueError(f"{type(self).__name__}: output_routed=True needs a layer built with routing='clvr' "
+                             "or 'cler'")
+        if routed_values is not None:
+            check_layer_input("routed_values", routed_values, self, width=self.value_dim, width_name="value_dim")
+            if routed_values.shape[:2] != hidden_states.shape[:2]:
+                raise ValueError(f"routed_values must have shape [{batch_size}, {q_len}, {self.value_dim}] "
+                                 f"(hidden_states' batch and length), got {tuple(routed_values.shape)}")
         mode = self._choose_mode(q_len)
         entry = self._layer_cache(past_key_values)
         x, where = hidden_states, None
@@ -243,13 +267,20 @@ class FlaDeltaLayer(nn.Module):
             x, where = unpad(hidden_states, check_attention_mask(attention_mask, batch_size, q_len))
             cu_seqlens = where.cu_seqlens
         q, k, v, conv_state = self._qkv(x, entry, bool(use_cache), cu_seqlens)
+        if routed_values is not None:
+            routed_values = routed_values if where is None else unpad_like(routed_values, where)
+            v = v + rearrange(routed_values.to(v.dtype), "... (h d) -> ... h d", d=self.head_v_dim)
         state = entry.get("recurrent_state") if entry is not None else None
-        o, state = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens,
-                             **self._decode_keywords(state, mode, bool(use_cache)))
+        cler = output_routed and self.routing == "cler"
+        extra = {"output_v_new": True} if cler else self._decode_keywords(state, mode, bool(use_cache))
+        o, state, *written = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens, **extra)
         if past_key_values is not None:
             past_key_values.update(recurrent_state=state, conv_state=conv_state if self.use_short_conv else None,
                                    layer_idx=self.layer_idx, offset=q_len)
         o = self._output(o, x)
         if where is not None:
             o = repad(o, where)
-        return o, None, past_key_values
+        if not output_routed:
+            return o, None, past_key_values
+        routed = rearrange(written[0] if cler else v, "... h d -> ... (h d)")
+        return o, None, past_key_values, routed if where is None else repad(routed, where)

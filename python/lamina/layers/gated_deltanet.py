@@ -35,6 +35,8 @@ class GatedDeltaNet(FlaDeltaLayer):
         allow_neg_eigval: beta in (0, 2) instead of (0, 1).
         layer_idx: this layer's slot in ``past_key_values``. norm_eps: output RMSNorm epsilon.
         output_gate_activation: "swish" (= "silu") or "sigmoid".
+        routing: None, "clvr" or "cler": what ``forward(..., output_routed=True)`` returns as a fourth
+            result for the next layer (``lamina.layers.routing``); lamina's own, fla has no such option.
     """
 
     state_v_first = True
@@ -55,8 +57,10 @@ class GatedDeltaNet(FlaDeltaLayer):
         layer_idx: int | None = None,
         norm_eps: float = 1e-5,
         output_gate_activation: str = "swish",
+        routing: str | None = None,
     ) -> None:
         super().__init__()
+        self._set_routing(routing)
         if output_gate_activation not in OUTPUT_GATE_ACTIVATIONS:
             raise ValueError(f"output_gate_activation must be one of {OUTPUT_GATE_ACTIVATIONS}, "
                              f"got {output_gate_activation!r}")

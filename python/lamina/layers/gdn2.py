@@ -29,6 +29,8 @@ class GatedDeltaNet2(FlaDeltaLayer):
         use_short_conv, conv_size, conv_bias: causal depthwise convolutions + SiLU on q, k, v.
         allow_neg_eigval: erase gate b in (0, 2).
         layer_idx: slot in ``past_key_values``. norm_eps: output RMSNorm epsilon.
+        routing: None, "clvr" or "cler": what ``forward(..., output_routed=True)`` returns as a fourth
+            result for the next layer (``lamina.layers.routing``); lamina's own, fla has no such option.
     """
 
     def __init__(
@@ -45,8 +47,10 @@ class GatedDeltaNet2(FlaDeltaLayer):
         conv_bias: bool = False,
         layer_idx: int | None = None,
         norm_eps: float = 1e-5,
+        routing: str | None = None,
     ) -> None:
         super().__init__()
+        self._set_routing(routing)
         self._set_heads(hidden_size=hidden_size, expand_v=expand_v, head_dim=head_dim, num_heads=num_heads,
                         num_v_heads=num_v_heads, mode=mode, use_short_conv=use_short_conv,
                         allow_neg_eigval=allow_neg_eigval, conv_size=conv_size, conv_bias=conv_bias,

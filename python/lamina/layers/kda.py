@@ -30,6 +30,8 @@ class KimiDeltaAttention(FlaDeltaLayer):
         safe_gate: ``A_log`` starts at 0 and the gate uses ``lower_bound`` (which must then be in [-5, 0)).
         lower_bound: the bounded gate ``lower_bound * sigmoid(...)`` instead of ``-exp(A_log) * softplus(...)``.
         layer_idx: slot in ``past_key_values``. norm_eps: output RMSNorm epsilon.
+        routing: None, "clvr" or "cler": what ``forward(..., output_routed=True)`` returns as a fourth
+            result for the next layer (``lamina.layers.routing``); lamina's own, fla has no such option.
     """
 
     state_v_first = True
@@ -50,8 +52,10 @@ class KimiDeltaAttention(FlaDeltaLayer):
         conv_bias: bool = False,
         layer_idx: int | None = None,
         norm_eps: float = 1e-5,
+        routing: str | None = None,
     ) -> None:
         super().__init__()
+        self._set_routing(routing)
         self._set_heads(hidden_size=hidden_size, expand_v=expand_v, head_dim=head_dim, num_heads=num_heads,
                         num_v_heads=num_v_heads, mode=mode, use_short_conv=use_short_conv,
                         allow_neg_eigval=allow_neg_eigval, conv_size=conv_size, conv_bias=conv_bias,
@@ -77,6 +81,6 @@ class KimiDeltaAttention(FlaDeltaLayer):
                       lower_bound=self.lower_bound, state_v_first=True, cu_seqlens=cu_seqlens,
                       A_log=self.A_log, dt_bias=self.dt_bias)
         if mode == "chunk":
-            return ops.chunk_kda(q, k, v, g, self.b_proj(x), safe_gate=self.safe_gate, **common)
+            return ops.chunk_kda(q, k, v, g, self.b_proj(x), safe_gate=self.safe_gate, **common, **decode)
         return ops.fused_recurrent_kda(q, k, v, g, self.b_proj(x), **common, **decode)
 

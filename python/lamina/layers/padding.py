@@ -56,8 +56,13 @@ def unpad(hidden_states: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
     indices = torch.nonzero(keep).flatten()
     lengths = mask.bool().sum(dim=1, dtype=torch.int32)
     cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-    packed = rearrange(hidden_states, "b t ... -> (b t) ...").index_select(0, indices).unsqueeze(0)
-    return packed, Unpadded(indices, cu_seqlens, B, T)
+    where = Unpadded(indices, cu_seqlens, B, T)
+    return unpad_like(hidden_states, where), where
+
+
+def unpad_like(x: torch.Tensor, where: Unpadded) -> torch.Tensor:
+    """``x [B, T, ...]`` packed as :func:`unpad` packed the tensor that gave ``where``: ``[1, kept, ...]``."""
+    return rearrange(x, "b t ... -> (b t) ...").index_select(0, where.indices).unsqueeze(0)
 
 
 def repad(packed: torch.Tensor, where: Unpadded) -> torch.Tensor:

@@ -6,6 +6,12 @@ lamina's fla-compatible delta-rule layers (``DeltaNet``, ``GatedDeltaNet``, ``Ki
 ``GatedDeltaNet2``), or, with ``attention_every = n``, ``PrismAttention`` in every n-th block
 (blocks ``n-1, 2n-1, ...``).
 
+Cross-layer routing (``routing="clvr" | "cler"``, ``lamina.layers.routing``): each delta-rule layer but
+the first receives the previous delta-rule layer's value target (CLVR) or write error (CLER) through a
+``CrossLayerRouter`` (``self.routers[i - 1]`` feeds delta layer ``i``), zero at initialisation, so a
+fresh model computes exactly what the same model without routing computes. Attention blocks pass
+nothing; routing skips over them to the next delta-rule layer.
+
 Decoding (``new_cache``, ``decode``, ``generate``; the protocol of ``lamina.generation``): the delta
 layers keep their recurrent and short-convolution states in a ``lamina.layers.Cache`` (one row per
 sequence; a prefill with right padding unpads to varlen, so each row's state is taken after its own
@@ -25,6 +31,7 @@ from lamina._validate import check_positive_int, check_token_ids
 from lamina.generation import GenerationMixin
 from lamina.layers import Cache, DeltaNet, GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention, PrismAttention
 from lamina.layers.prism import PrismCache
+from lamina.layers.routing import CrossLayerRouter, check_routing
 
 # GPT-2's embedding initialisation: with the head tied to it, logits start near 0 (loss ~ log V).
 EMBED_INIT_STD = 0.02
@@ -50,6 +57,7 @@ class LinearLMConfig:
         layer_kwargs: further keyword arguments of the delta-rule layer (e.g. ``mode``,
             ``use_short_conv``, ``allow_neg_eigval``).
         backend: ``PrismAttention``'s backend.
+        routing: None, "clvr" or "cler": cross-layer routing between consecutive delta-rule layers.
     """
 
     vocab_size: int
@@ -65,8 +73,10 @@ class LinearLMConfig:
     norm_eps: float = 1e-6
     layer_kwargs: dict[str, Any] = field(default_factory=dict)
     backend: str = "auto"
+    routing: str | None = None
 
     def __post_init__(self) -> None:
+        check_routing(self.routing)
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads"):
             check_positive_int(name, getattr(self, name))
         if self.layer not in LAYERS:
@@ -148,13 +158,17 @@ class LinearLM(GenerationMixin, nn.Module):
                 mixer = PrismAttention(c.hidden_size, c.attention_heads or c.num_heads, backend=c.backend)
             else:
                 kwargs = dict(hidden_size=c.hidden_size, num_heads=c.num_heads, layer_idx=delta_index,
-                              **c.layer_kwargs)
+                              routing=c.routing, **c.layer_kwargs)
                 if c.layer != "DeltaNet":
                     kwargs["head_dim"] = c.head_dim or c.hidden_size // c.num_heads
                 mixer = LAYERS[c.layer](**kwargs)
                 delta_index += 1
             blocks.append(_Block(mixer, c.hidden_size, mlp_hidden, c.norm_eps))
         self.blocks = nn.ModuleList(blocks)
+        delta = [b.mixer for b in blocks if not isinstance(b.mixer, PrismAttention)]
+        self.routers = nn.ModuleList(
+            [CrossLayerRouter(a.value_dim, b.value_dim, c.routing) for a, b in zip(delta[:-1], delta[1:])]
+            if c.routing is not None else [])
         self.final_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -177,7 +191,8 @@ class LinearLM(GenerationMixin, nn.Module):
         if attention_mask is not None and cache is None:
             raise ValueError("attention_mask needs a cache: it says how many tokens each row keeps in it")
         x = self.embed(input_ids)
-        attention_index = 0
+        attention_index = delta_index = 0
+        routed = None
         for block in self.blocks:
             h = block.mixer_norm(x)
             if isinstance(block.mixer, PrismAttention):
@@ -185,9 +200,14 @@ class LinearLM(GenerationMixin, nn.Module):
                 attention_index += 1
                 out = block.mixer(h, cache=layer_cache, attention_mask=attention_mask)
             else:
-                out, _, _ = block.mixer(h, attention_mask=attention_mask,
-                                        past_key_values=None if cache is None else cache.delta,
-                                        use_cache=cache is not None)
+                values = None if routed is None else self.routers[delta_index - 1](routed)
+                send = delta_index < len(self.routers)  # a later delta-rule layer receives what this one routes
+                out, _, _, *sent = block.mixer(h, attention_mask=attention_mask,
+                                               past_key_values=None if cache is None else cache.delta,
+                                               use_cache=cache is not None, routed_values=values,
+                                               output_routed=send)
+                routed = sent[0] if send else None
+                delta_index += 1
             x = x + out
             x = x + block.mlp(block.mlp_norm(x))
         logits = self.lm_head(self.final_norm(x))

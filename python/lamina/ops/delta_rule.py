@@ -64,6 +64,9 @@ from lamina.ops.delta_rule_core import (
     validate_inputs,
 )
 
+# (o, final_state), or with output_v_new=True (o, final_state, v_new).
+OpResult = tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
+
 # Gate kinds: one scalar per (token, value head), or one value per key/value channel.
 _SCALAR = "scalar"
 _CHANNEL = "channel"
@@ -104,13 +107,17 @@ def _run(
     cu_seqlens_cpu: torch.Tensor | None = None,
     gk: torch.Tensor | None = None,
     decode: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Validate, transform and dispatch.
 
     ``g_kind``: None | "scalar" | "channel" (the decay ``g``); ``gk``: an extra per-K log decay added
     to ``g`` (fla's ``fused_recurrent_gated_delta_rule``). ``gate_kind``: "scalar" (one beta for
     erase and write; ``b`` None means ones) or "channel" (GDN-2's ``b`` and ``w``).
+    ``output_v_new``: a third result, the writes (``OpResult``).
     """
+    if not isinstance(output_v_new, bool):
+        raise TypeError(f"{op}: output_v_new must be a bool, got {type(output_v_new).__name__}")
     check_flag_args(op, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 and v.dim() == 4):
         validate_inputs(op, q, k, v, {}, initial_state, cu_seqlens, chunk_size)  # raises the right error
@@ -144,15 +151,20 @@ def _run(
     if decode is not None:
         check_no_overlap("out", decode["out"], q=q, k=k, v=v, initial_state=initial_state,
                          **{n: x for n, (x, _) in gates.items()})
+    if output_v_new and decode is not None and decode["used"]:
+        raise ValueError(f"{op}: output_v_new is not available with inplace_final_state, ssm_state_indices, "
+                         "num_accepted_tokens or out (the decode kernels do not form the writes)")
+    writes = (v.clone(),) if output_v_new else ()
     if T == 0 and (decode is None or not decode["used"]):
         # nothing to run: an empty output, and each state passes through unchanged (identity gradient)
         if not output_final_state:
-            return v.clone(), None
+            return v.clone(), None, *writes
         if initial_state is not None:
-            return v.clone(), initial_state.clone()
+            return v.clone(), initial_state.clone(), *writes
         shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
-        return v.clone(), q.new_zeros(shape, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
-    if recurrent and not needs_grad:
+        return (v.clone(), q.new_zeros(shape, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32),
+                *writes)
+    if recurrent and not needs_grad and not output_v_new:
         if use_gate_in_kernel:
             if g is None:
                 raise ValueError(f"{op}: g (the raw gate input) is required with use_gate_in_kernel=True")
@@ -181,11 +193,11 @@ def _run(
         scale = K ** -0.5
     if state_v_first and initial_state is not None:
         initial_state = initial_state.transpose(-1, -2)
-    o, ht = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                            chunk_size, recurrent, backend)
+    o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                                   chunk_size, recurrent, backend, output_v_new=output_v_new)
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
-    return o, ht
+    return (o, ht, v_new) if output_v_new else (o, ht)
 
 
 def _check_dtypes_and_ranges(q: torch.Tensor, v: torch.Tensor, gates: dict, scale: object, raw_gate: bool) -> None:
@@ -316,9 +328,16 @@ _COMMON_ARGS = """
             from ``**kwargs``).
         backend: "auto" (CUDA: Triton; CPU: Triton under TRITON_INTERPRET=1, else PyTorch),
             "triton" or "torch".
+        output_v_new: lamina's own (keyword-only): also return the writes ``v_new [B, T, HV, V]`` (v.dtype),
+            per token ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)`` after the in-kernel transforms (for DeltaNet,
+            GDN and KDA ``beta_t (v_t - (D_t S_{t-1})^T k_t)``: the write error that cross-layer error
+            routing passes on, ``lamina.layers.CrossLayerRouter``). The chunked state pass stores it from
+            registers; it is differentiable. The ``fused_recurrent_*`` ops run the chunked kernels for it
+            (same map), and refuse it with the in-place decoding arguments.
 
     Returns:
-        ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``. T = 0 returns an empty ``o`` and
+        ``(o [B, T, HV, V] in v.dtype, final_state float32 or None)``, and ``v_new`` third with
+        ``output_v_new``. T = 0 returns an empty ``o`` and
         the initial state (zeros without one). NaN/inf inputs propagate (``lamina._validate``): an output
         the token loop makes non-finite is non-finite; the chunked forms can spread it over the chunk.
 """
@@ -339,7 +358,8 @@ def chunk_delta_rule(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     head_first: bool = False,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """DeltaNet: ``S <- S + beta_t k_t (v_t - S^T k_t)^T``, ``o_t = S^T (scale q_t)``; ``beta: [B, T, HV]``.
 
     fla: all parameters accepted; ``head_first=True`` refused.
@@ -348,7 +368,7 @@ def chunk_delta_rule(
     return _run("chunk_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                chunk_size=chunk_size, recurrent=False, backend=backend)
+                chunk_size=chunk_size, recurrent=False, backend=backend, output_v_new=output_v_new)
 
 
 def chunk_gated_delta_rule(
@@ -376,7 +396,8 @@ def chunk_gated_delta_rule(
     transpose_state_layout: bool | None = None,
     head_first: bool = False,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Gated DeltaNet: DeltaNet with ``S <- exp(g_t) S`` first; ``g, beta: [B, T, HV]``.
 
     ``g`` is the log decay, or with ``use_gate_in_kernel`` the raw input of
@@ -396,7 +417,7 @@ def chunk_gated_delta_rule(
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False,
-                backend=backend)
+                backend=backend, output_v_new=output_v_new)
 
 
 def chunk_kda(
@@ -428,7 +449,8 @@ def chunk_kda(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Kimi Delta Attention: per-channel decay ``S <- Diag(exp(g_t)) S``; ``g: [B, T, HV, K]``, ``beta: [B, T, HV]``.
 
     With ``use_gate_in_kernel``: ``g = -exp(A_log) * softplus(g + dt_bias)`` per channel
@@ -450,7 +472,8 @@ def chunk_kda(
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend)
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend,
+                output_v_new=output_v_new)
 
 
 def chunk_gdn2(
@@ -479,7 +502,8 @@ def chunk_gdn2(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Gated DeltaNet-2: ``S_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) S_{t-1} + k_t (w_t * v_t)^T``.
 
     ``g: [B, T, HV, K]`` per-channel log decay (gate options as ``chunk_kda``);
@@ -498,7 +522,8 @@ def chunk_gdn2(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend)
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend,
+                output_v_new=output_v_new)
 
 
 def fused_recurrent_delta_rule(
@@ -518,12 +543,14 @@ def fused_recurrent_delta_rule(
     out: torch.Tensor | None = None,
     check_indices: bool = True,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Token-by-token ``chunk_delta_rule`` (decoding). ``beta: [B, T, HV]``, or None for ones (fla's default)."""
     return _run("fused_recurrent_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR,
                 scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, recurrent=True,
-                backend=backend, decode=_decode_keywords(inplace_final_state, ssm_state_indices,
+                backend=backend, output_v_new=output_v_new,
+                decode=_decode_keywords(inplace_final_state, ssm_state_indices,
                                                          num_accepted_tokens, out, check_indices))
 
 
@@ -554,7 +581,8 @@ def fused_recurrent_gated_delta_rule(
     check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Token-by-token ``chunk_gated_delta_rule`` (decoding), with fla's optional decays.
 
     ``g: [B, T, HV]`` scalar log decay or None (no scalar decay; with ``use_gate_in_kernel`` it is
@@ -575,7 +603,7 @@ def fused_recurrent_gated_delta_rule(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
-                cu_seqlens=cu_seqlens, recurrent=True, backend=backend,
+                cu_seqlens=cu_seqlens, recurrent=True, backend=backend, output_v_new=output_v_new,
                 decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
                                         check_indices))
 
@@ -607,7 +635,8 @@ def fused_recurrent_kda(
     check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Token-by-token ``chunk_kda`` (decoding); ``A_log, dt_bias`` come sixth and seventh, as in fla.
 
     ``safe_gate`` is lamina's (keyword-only; the check of ``chunk_kda``).
@@ -621,7 +650,7 @@ def fused_recurrent_kda(
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                recurrent=True, backend=backend,
+                recurrent=True, backend=backend, output_v_new=output_v_new,
                 decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
                                         check_indices))
 
@@ -652,7 +681,8 @@ def fused_recurrent_gdn2(
     check_indices: bool = True,
     transpose_state_layout: bool | None = None,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> OpResult:
     """Token-by-token ``chunk_gdn2`` (decoding); ``A_log, dt_bias`` come seventh and eighth, as in fla.
 
     ``safe_gate`` is lamina's (keyword-only; the check of ``chunk_gdn2``). Differentiable (fla's is
@@ -666,7 +696,7 @@ def fused_recurrent_gdn2(
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                 A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
-                recurrent=True, backend=backend,
+                recurrent=True, backend=backend, output_v_new=output_v_new,
                 decode=_decode_keywords(inplace_final_state, ssm_state_indices, num_accepted_tokens, out,
                                         check_indices))
 

@@ -218,62 +218,68 @@ def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
 @torch.library.custom_op(
     "lamina::delta_rule_fwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
-           "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states) "
-           "-> (Tensor, Tensor, Tensor)")
+           "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states, "
+           "bool output_v_new) -> (Tensor, Tensor, Tensor, Tensor)")
 def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-            save_states):
-    """(o, final_state or [0], h or [0]): empty 1-d tensors stand for None (ops return tensors)."""
+            save_states, output_v_new):
+    """(o, final_state or [0], h or [0], v_new or [0]): empty 1-d tensors stand for None (ops return tensors).
+
+    ``v_new`` (the writes, for cross-layer error routing) comes from the chunked state pass; the token-by-token
+    kernel does not form it, so a call that asks for it runs the chunked forward (the same map).
+    """
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
     from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
 
-    if recurrent:
+    h = v_new = None
+    if recurrent and not output_v_new:
         o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)
-        h = None
     else:
-        o, ht, h = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                   chunk_size=chunk_size, save_states=save_states)
+        o, ht, h, v_new = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                                          chunk_size=chunk_size, save_states=save_states, output_v_new=output_v_new)
     empty = q.new_zeros(0, dtype=torch.float32)
-    return o, (empty if ht is None else ht), (empty.clone() if h is None else h)
+    return (o, (empty if ht is None else ht), (empty.clone() if h is None else h),
+            (empty.clone() if v_new is None else v_new))
 
 
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-              save_states):
+              save_states, output_v_new):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = _n_sequences(q, cu_seqlens)
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0, dtype=torch.float32)
-    if recurrent or not save_states:
+    if (recurrent and not output_v_new) or not save_states:
         h = q.new_empty(0, dtype=torch.float32)
     else:
         n_chunks = B * (-(-T // chunk_size)) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
         h = q.new_empty(n_chunks, HV, K, V, dtype=torch.float32)
-    return o, ht, h
+    v_new = torch.empty_like(v) if output_v_new else q.new_empty(0, dtype=torch.float32)
+    return o, ht, h, v_new
 
 
 @torch.library.custom_op(
     "lamina::delta_rule_bwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
-           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size) "
+           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new) "
            "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size):
-    """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0])."""
+def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new):
+    """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0]); ``dv_new``: gradient of the returned writes."""
     from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
 
     if _none_if_empty(h) is None:  # token-by-token forward: recompute the chunk-start states
-        _, _, h = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
-                                  chunk_size=chunk_size, save_states=True)
+        _, _, h, _ = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
+                                     chunk_size=chunk_size, save_states=True)
     dq, dk, dv, dg, db, dw, dh0 = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, do.contiguous(),
-                                                  dht, cu_seqlens, chunk_size)
+                                                  dht, cu_seqlens, chunk_size, dv_new=dv_new)
     empty = q.new_zeros(0, dtype=torch.float32)
     return (dq, dk, dv, empty if dg is None else dg, db, dw,
             empty.clone() if (dh0 is None or initial_state is None) else dh0)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size):
+def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new):
     empty = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             empty if g is None else torch.empty_like(g), torch.empty_like(b), torch.empty_like(w),
@@ -281,21 +287,22 @@ def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, ch
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _ = inputs
+    q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _, output_v_new = inputs
     ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2])
-    ctx.scale, ctx.chunk_size = scale, chunk_size
+    ctx.scale, ctx.chunk_size, ctx.output_v_new = scale, chunk_size, output_v_new
 
 
-def _backward(ctx, do, dht, _dh):
-    # one gradient per input of lamina::delta_rule_fwd:
-    # q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent, save_states
+def _backward(ctx, do, dht, _dh, dv_new):
+    # one gradient per input of lamina::delta_rule_fwd: q, k, v, g, b, w, scale, initial_state,
+    # output_final_state, cu_seqlens, chunk_size, recurrent, save_states, output_v_new
     q, k, v, g, b, w, initial_state, cu_seqlens, h = ctx.saved_tensors
     dht = _none_if_empty(dht) if dht is not None else None
+    dv_new = dv_new if ctx.output_v_new else None
     do = torch.zeros_like(v) if do is None else do
     dq, dk, dv, dg, db, dw, dh0 = _bwd_op(q, k, v, g, b, w, ctx.scale, initial_state, h, do, dht, cu_seqlens,
-                                          ctx.chunk_size)
+                                          ctx.chunk_size, dv_new)
     return (dq, dk, dv, _none_if_empty(dg) if g is not None else None, db, dw, None,
-            dh0 if initial_state is not None else None, None, None, None, None, None)
+            dh0 if initial_state is not None else None, None, None, None, None, None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -318,17 +325,24 @@ def delta_rule_core(
     chunk_size: int,
     recurrent: bool,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``."""
+    output_v_new: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``.
+
+    Returns ``(o, final_state or None, v_new or None)``; ``v_new`` (with ``output_v_new``) is the writes
+    ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)`` ``[B, T, HV, V]`` in v.dtype, differentiable.
+    """
     path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
     if path == "torch":
         from lamina.ops.delta_rule_cpu import delta_rule_family_chunk_torch, delta_rule_family_recurrent_torch
 
         if recurrent:
-            return delta_rule_family_recurrent_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
-                                                     cu_seqlens)
-        return delta_rule_family_chunk_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
-                                             cu_seqlens, chunk_size)
+            out = delta_rule_family_recurrent_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                                    cu_seqlens, output_v_new=output_v_new)
+        else:
+            out = delta_rule_family_chunk_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                                cu_seqlens, chunk_size, output_v_new=output_v_new)
+        return out if output_v_new else (*out, None)
     if q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
                          "use backend='torch' for float64")
@@ -339,9 +353,9 @@ def delta_rule_core(
                          "(the backward kernels hold K <= 256)")
     if initial_state is not None:
         initial_state = initial_state.float()
-    o, ht, _ = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
-                       chunk_size, recurrent, needs_grad and not recurrent)
-    return o, (ht if output_final_state else None)
+    o, ht, _, v_new = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
+                              chunk_size, recurrent, needs_grad and (output_v_new or not recurrent), output_v_new)
+    return o, (ht if output_final_state else None), (v_new if output_v_new else None)
 
 
 __all__ = [

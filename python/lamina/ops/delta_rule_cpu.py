@@ -207,7 +207,8 @@ def delta_rule_family_chunk_torch(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """The delta-rule family in the chunked (WY/UT) form, vectorised; differentiable.
 
     Same map and argument order as ``lamina.reference.delta_rule_family_recurrent_ref``, plus
@@ -220,6 +221,7 @@ def delta_rule_family_chunk_torch(
         initial_state: [N, HV, K, V] or None (zeros). output_final_state: return the final states.
         cu_seqlens: [N + 1] offsets (B == 1); sequences never share a chunk.
         chunk_size: tokens per chunk C (any positive int; T need not be a multiple).
+        output_v_new: also return the writes ``V_new`` (below) per token.
 
     Per chunk, with G the in-chunk cumulative log decay and ``S`` the incoming state::
 
@@ -231,7 +233,9 @@ def delta_rule_family_chunk_torch(
     where ``E_bar K_bar^T`` is formed from the pairwise decays, never from ``exp(-G)``.
 
     Returns:
-        o: [B, T, HV, V] in ``v.dtype``; final_state: [N, HV, K, V] in the compute dtype, or None.
+        o: [B, T, HV, V] in ``v.dtype``; final_state: [N, HV, K, V] in the compute dtype, or None; with
+        ``output_v_new`` a third item, ``V_new`` as [B, T, HV, V] in ``v.dtype`` (per token
+        ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)``, what the token writes into the state).
     """
     out_dtype = v.dtype
     B, T, HV, V = v.shape
@@ -244,7 +248,8 @@ def delta_rule_family_chunk_torch(
     layout = _ChunkLayout(offsets, max(1, min(chunk_size, longest)), q.device)
     if layout.chunks == 0:
         o = z.new_zeros(B, T, HV, V)
-        return o.to(out_dtype), (h0 if output_final_state else None)
+        empty = (o.to(out_dtype),) if output_v_new else ()
+        return (o.to(out_dtype), (h0 if output_final_state else None), *empty)
 
     flat = lambda x: layout.to_chunks(rearrange(x, "b t h d -> (b t) h d"))
     q, k, z, e = flat(q), flat(k), flat(z), flat(e)  # [NC, HV, C, *]
@@ -286,6 +291,9 @@ def delta_rule_family_chunk_torch(
     entering_t, v_new_t = torch.cat(entering, dim=0), torch.cat(new_values, dim=0)
     o = torch.matmul(q_gamma, entering_t).add_(qk @ v_new_t)
     o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
+    writes = ()
+    if output_v_new:
+        writes = (rearrange(layout.to_tokens(v_new_t), "(b t) h d -> b t h d", b=B).to(out_dtype),)
 
     final = None
     if output_final_state:
@@ -294,7 +302,7 @@ def delta_rule_family_chunk_torch(
             rank = torch.zeros(N, dtype=torch.long, device=h0.device)
             rank[order] = torch.arange(N, device=h0.device)
             final = state.index_select(0, rank)
-    return o.to(out_dtype), final
+    return (o.to(out_dtype), final, *writes)
 
 
 
@@ -310,7 +318,8 @@ def delta_rule_family_recurrent_torch(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_v_new: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """The torch path of the token-by-token ops (``fused_recurrent_*`` with gradients).
 
     The same map as the token loop, computed in the chunked form (``delta_rule_family_chunk_torch``
@@ -324,7 +333,7 @@ def delta_rule_family_recurrent_torch(
     the final state ``[N, HV, K, V]`` in the compute dtype, or None.
     """
     return delta_rule_family_chunk_torch(q, k, v, g, erase, write, scale, initial_state, output_final_state,
-                                         cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE)
+                                         cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE, output_v_new=output_v_new)
 
 
 __all__ = ["CACHE_BLOCK_ELEMENTS", "delta_rule_family_chunk_torch", "delta_rule_family_recurrent_torch"]

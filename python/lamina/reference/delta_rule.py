@@ -128,18 +128,19 @@ def _scan(
     e: torch.Tensor,
     g: torch.Tensor | None,
     state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token loop over ``[b, L, HV, *]`` inputs from ``state [b, HV, K, V]``."""
-    outputs = []
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token loop over ``[b, L, HV, *]`` inputs from ``state [b, HV, K, V]``: outputs, final state, writes."""
+    outputs, writes = [], []
     for t in range(q.shape[1]):
         if g is not None:
             state = state * g[:, t].exp().unsqueeze(-1)
         read = torch.einsum("bhk,bhkv->bhv", e[:, t], state)
-        state = state + k[:, t].unsqueeze(-1) * (z[:, t] - read).unsqueeze(-2)
+        writes.append(z[:, t] - read)
+        state = state + k[:, t].unsqueeze(-1) * writes[-1].unsqueeze(-2)
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
     if not outputs:
-        return z.new_zeros(z.shape), state
-    return torch.stack(outputs, dim=1), state
+        return z.new_zeros(z.shape), state, z.new_zeros(z.shape)
+    return torch.stack(outputs, dim=1), state, torch.stack(writes, dim=1)
 
 
 def delta_rule_family_recurrent_ref(
@@ -153,7 +154,8 @@ def delta_rule_family_recurrent_ref(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    output_writes: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Token-by-token reference of the whole delta-rule family.
 
     Args:
@@ -167,26 +169,30 @@ def delta_rule_family_recurrent_ref(
         initial_state: [N, HV, K, V], N = B, or the number of sequences with ``cu_seqlens``.
         output_final_state: return the final states.
         cu_seqlens: [N + 1] int offsets of packed sequences (B == 1).
+        output_writes: also return what each token writes, ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)``.
 
     Returns:
         o: [B, T, HV, V] in ``v.dtype``; final_state: [N, HV, K, V] in the compute dtype
-        (float64 if any input is float64, else float32), or None.
+        (float64 if any input is float64, else float32), or None; with ``output_writes`` a third
+        item, the writes [B, T, HV, V] in ``v.dtype``.
     """
     N = _validate(q, k, v, g, erase, write, initial_state, cu_seqlens)
     q, k, z, e, g, h0 = _prepare(q, k, v, g, erase, write, initial_state, scale, N)
     if cu_seqlens is None:
-        o, final = _scan(q, k, z, e, g, h0)
+        o, final, writes = _scan(q, k, z, e, g, h0)
     else:
         offsets = cu_seqlens.tolist()
-        pieces, finals = [], []
+        pieces, finals, written = [], [], []
         for n in range(N):
             span = slice(offsets[n], offsets[n + 1])
-            o_n, s_n = _scan(q[:, span], k[:, span], z[:, span], e[:, span],
-                             None if g is None else g[:, span], h0[n : n + 1])
+            o_n, s_n, w_n = _scan(q[:, span], k[:, span], z[:, span], e[:, span],
+                                  None if g is None else g[:, span], h0[n : n + 1])
             pieces.append(o_n)
             finals.append(s_n)
-        o, final = torch.cat(pieces, dim=1), torch.cat(finals, dim=0)
-    return o.to(v.dtype), (final if output_final_state else None)
+            written.append(w_n)
+        o, final, writes = torch.cat(pieces, dim=1), torch.cat(finals, dim=0), torch.cat(written, dim=1)
+    extra = (writes.to(v.dtype),) if output_writes else ()
+    return (o.to(v.dtype), (final if output_final_state else None), *extra)
 
 
 # ------------------------------------------------------------------------------------------
