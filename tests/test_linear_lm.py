@@ -4,10 +4,17 @@ cache for every delta-rule layer, pure and hybrid: tests/test_generation.py.)"""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
+import lamina
 from lamina.models import LinearLM, LinearLMConfig
+
+with warnings.catch_warnings():  # fla imports Triton's modules: at collection, under the interpreter (conftest)
+    warnings.simplefilter("ignore")
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, KDAConfig, KDAForCausalLM
 
 LAYERS = ("DeltaNet", "GatedDeltaNet", "KimiDeltaAttention", "GatedDeltaNet2")
 
@@ -79,3 +86,42 @@ def test_bad_configuration_is_refused_by_name(kwargs, match):
     base = dict(vocab_size=40, hidden_size=32, num_layers=2)
     with pytest.raises(ValueError, match=match):
         LinearLMConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("name", ["GatedDeltaNet", "KDA"])
+def test_weights_of_an_fla_causal_lm_give_its_logits(name, torch_path):
+    """fla's GatedDeltaNetForCausalLM / KDAForCausalLM (run on CPU through lamina.patch_fla) and a LinearLM
+    of the same shape holding its weights (load_fla_state_dict) give the same logits; extra or missing
+    weights and mismatched shapes are refused by name."""
+    config_cls, model_cls, layer = {"GatedDeltaNet": (GatedDeltaNetConfig, GatedDeltaNetForCausalLM, "GatedDeltaNet"),
+                                    "KDA": (KDAConfig, KDAForCausalLM, "KimiDeltaAttention")}[name]
+    torch.manual_seed(0)
+    fla_model = model_cls(config_cls(hidden_size=32, num_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=40,
+                                     intermediate_size=64, tie_word_embeddings=False)).eval()
+    with torch.no_grad():  # away from the initialisation, so that a weight in the wrong place shows
+        for p in fla_model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    torch.manual_seed(1)
+    model = LinearLM(LinearLMConfig(40, 32, 2, layer=layer, num_heads=2, head_dim=16, mlp_ratio=2.0,
+                                    tie_embeddings=False, routing="cler")).eval()
+    model.load_fla_state_dict(fla_model)
+    ids = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), lamina.patch_fla():
+        expected = fla_model(input_ids=ids).logits
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+    state = fla_model.state_dict()
+    with pytest.raises(ValueError, match="no place in this LinearLM"):
+        model.load_fla_state_dict({**state, "model.extra.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="'blocks.0.mixer.extra', which this LinearLM does not have"):
+        model.load_fla_state_dict({**state, "model.layers.0.attn.extra": torch.zeros(1)})
+    with pytest.raises(ValueError, match="has no 'model.layers.1.mlp_norm.weight'"):
+        model.load_fla_state_dict({k: v for k, v in state.items() if k != "model.layers.1.mlp_norm.weight"})
+    wide = LinearLM(LinearLMConfig(40, 32, 2, layer=layer, num_heads=2, head_dim=16, tie_embeddings=False))
+    with pytest.raises(ValueError, match="mlp.gate_up.weight: the fla weight has shape"):
+        wide.load_fla_state_dict(state)
+    tied = LinearLM(LinearLMConfig(40, 32, 2, layer=layer, num_heads=2, head_dim=16, mlp_ratio=2.0))
+    with pytest.raises(ValueError, match="tie_embeddings=False"):
+        tied.load_fla_state_dict(state)

@@ -20,6 +20,7 @@ last token), the attention layers their keys and values in a ``PrismCache``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,7 @@ class LinearLMConfig:
             ``hidden_size // attention_heads`` must be one ``lamina.prism_attention`` runs).
         mlp_ratio: SwiGLU hidden width over ``hidden_size``.
         tie_embeddings: share the embedding matrix with the LM head.
-        norm_eps: RMSNorm epsilon.
+        norm_eps: RMSNorm epsilon (the blocks' norms and, as in fla's models, the layers' output norms).
         layer_kwargs: further keyword arguments of the delta-rule layer (e.g. ``mode``,
             ``use_short_conv``, ``allow_neg_eigval``).
         backend: ``PrismAttention``'s backend.
@@ -158,7 +159,8 @@ class LinearLM(GenerationMixin, nn.Module):
                 mixer = PrismAttention(c.hidden_size, c.attention_heads or c.num_heads, backend=c.backend)
             else:
                 kwargs = dict(hidden_size=c.hidden_size, num_heads=c.num_heads, layer_idx=delta_index,
-                              routing=c.routing, **c.layer_kwargs)
+                              routing=c.routing, norm_eps=c.norm_eps)
+                kwargs.update(c.layer_kwargs)
                 if c.layer != "DeltaNet":
                     kwargs["head_dim"] = c.head_dim or c.hidden_size // c.num_heads
                 mixer = LAYERS[c.layer](**kwargs)
@@ -221,6 +223,76 @@ class LinearLM(GenerationMixin, nn.Module):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                    ignore_index=-100)
         return LinearLMOutput(logits, loss)
+
+    # --- weights of fla's causal LMs --------------------------------------------------------------------
+
+    def load_fla_state_dict(self, source: nn.Module | Mapping[str, torch.Tensor]) -> None:
+        """Load the weights of an fla causal LM of the same shape (``fla.models.GatedDeltaNetForCausalLM``,
+        ``KDAForCausalLM``, ``DeltaNetForCausalLM``, ...: a model or its ``state_dict()``).
+
+        fla's names map one to one: ``model.embeddings`` -> ``embed``; per block ``i``
+        ``model.layers.i.attn_norm`` -> ``blocks.i.mixer_norm``, ``.attn.*`` -> ``blocks.i.mixer.*`` (the
+        layers are fla's, parameter for parameter), ``.mlp_norm`` -> ``blocks.i.mlp_norm``,
+        ``.mlp.gate_proj`` and ``.mlp.up_proj`` -> ``blocks.i.mlp.gate_up`` (stacked, gate first),
+        ``.mlp.down_proj`` -> ``blocks.i.mlp.down``; ``model.norm`` -> ``final_norm``; ``lm_head``. The
+        config must match fla's: ``mlp_ratio = intermediate_size / hidden_size``, ``norm_eps``, the
+        layer's keyword arguments (e.g. ``use_short_conv``), ``tie_embeddings`` (with tied embeddings
+        fla's ``lm_head``, when present, must equal its embeddings). Strict: a parameter left unfilled
+        (routers excepted: they start at zero), an fla weight left over, or a shape that differs is a
+        ValueError naming it. Attention blocks (``attention_every``) are not loaded (lamina's
+        ``PrismAttention`` has parameters of its own): refused.
+        """
+        if self.config.attention_every:
+            raise ValueError("load_fla_state_dict loads pure delta-rule stacks (attention_every=0); PrismAttention "
+                             "blocks have no fla counterpart")
+        fla = source.state_dict() if isinstance(source, nn.Module) else source
+        if not isinstance(fla, Mapping):
+            raise TypeError(f"source must be an fla model or its state_dict, got {type(source).__name__}")
+        fla = dict(fla)
+        ours: dict[str, torch.Tensor] = {}
+
+        def take(name: str) -> torch.Tensor:
+            if name not in fla:
+                raise ValueError(f"the fla state_dict has no {name!r}; is it a {self.config.num_layers}-layer fla "
+                                 f"causal LM of {self.config.layer}?")
+            return fla.pop(name)
+
+        ours["embed.weight"] = take("model.embeddings.weight")
+        ours["final_norm.weight"] = take("model.norm.weight")
+        for i in range(len(self.blocks)):
+            src, dst = f"model.layers.{i}.", f"blocks.{i}."
+            ours[dst + "mixer_norm.weight"] = take(src + "attn_norm.weight")
+            ours[dst + "mlp_norm.weight"] = take(src + "mlp_norm.weight")
+            ours[dst + "mlp.gate_up.weight"] = torch.cat([take(src + "mlp.gate_proj.weight"),
+                                                          take(src + "mlp.up_proj.weight")])
+            ours[dst + "mlp.down.weight"] = take(src + "mlp.down_proj.weight")
+            for name in [n for n in fla if n.startswith(src + "attn.")]:
+                ours[dst + "mixer." + name[len(src + "attn."):]] = fla.pop(name)
+        head = fla.pop("lm_head.weight", None)
+        if self.config.tie_embeddings:
+            if head is not None and not torch.equal(head, ours["embed.weight"]):
+                raise ValueError("this LinearLM ties its LM head to the embeddings, but the fla model's lm_head "
+                                 "differs from its embeddings: build the LinearLM with tie_embeddings=False")
+        else:
+            if head is None:
+                raise ValueError("the fla state_dict has no 'lm_head.weight' (tied embeddings?): build the LinearLM "
+                                 "with tie_embeddings=True")
+            ours["lm_head.weight"] = head
+        if fla:
+            raise ValueError(f"fla weights with no place in this LinearLM: {sorted(fla)[:8]}")
+        mine = self.state_dict()
+        missing = sorted(n for n in mine if n not in ours and not n.startswith("routers.")
+                         and not (self.config.tie_embeddings and n == "lm_head.weight"))
+        if missing:
+            raise ValueError(f"parameters this LinearLM has and the fla model lacks: {missing[:8]}")
+        for name, value in ours.items():
+            if name not in mine:
+                raise ValueError(f"fla weight for {name!r}, which this LinearLM does not have (other layer options?)")
+            if value.shape != mine[name].shape:
+                raise ValueError(f"{name}: the fla weight has shape {tuple(value.shape)}, this LinearLM "
+                                 f"{tuple(mine[name].shape)}; match the config (mlp_ratio = intermediate_size / "
+                                 "hidden_size, heads, head_dim, expand_v)")
+        self.load_state_dict(ours, strict=False)
 
     # --- decoding (the protocol of lamina.generation) -----------------------------------------------
 
