@@ -57,6 +57,8 @@ setup(
     package_dir={"lamina": "python/lamina", "lamina.kernels": "kernels"},
     # every package under python/lamina (a wheel holds only the packages listed here), and the kernels
     packages=["lamina", "lamina.kernels", *(f"lamina.{p}" for p in find_packages("python/lamina"))],
+    # the attention dispatch table of a committed GPU sweep (lamina.ops.attention_dispatch), once there is one
+    package_data={"lamina": ["data/*.json"]},
     install_requires=[VERSIONS["TORCH_REQUIREMENT"], VERSIONS["TRITON_REQUIREMENT"], "einops>=0.7", "numpy"],
     extras_require={
         "test": [

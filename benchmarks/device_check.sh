@@ -14,6 +14,9 @@
 # SKIP_BUILD=1, SKIP_PYTEST=1, SKIP_SANITIZER=1, SKIP_INFO=1 leave a step out (SANITIZER_TIMEOUT, default
 # 100 s, limits each sanitizer tool's run). The second call, benchmarks only:
 #   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_SANITIZER=1 SKIP_INFO=1 BENCH_TIMEOUT=200 BENCH_LAYERS_TIMEOUT=120 BENCH_DECODE_TIMEOUT=60
+# and the sweep call (attention and HRM update: the dispatch table; `python benchmarks/sweep_attention.py
+# --table-from bench.jsonl` rebuilds the table from the records that come back):
+#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_SANITIZER=1 SKIP_INFO=1 BENCH_TIMEOUT=0 SWEEP_TIMEOUT=360 TOTAL_BUDGET_S=400
 # (the kernel ops, then lamina's layers against fla's, then the decode step and generation;
 # BENCH_LAYERS_TIMEOUT=0 and BENCH_DECODE_TIMEOUT=0, the defaults, leave those out).
 #
@@ -57,6 +60,9 @@ BENCH_LAYERS_TIMEOUT="${BENCH_LAYERS_TIMEOUT:-0}"
 INFO_TIMEOUT="${INFO_TIMEOUT:-60}"
 # The decode-step and generation benchmarks (each this long at most): 0 leaves them out.
 BENCH_DECODE_TIMEOUT="${BENCH_DECODE_TIMEOUT:-0}"
+# The attention / HRM-update sweep (benchmarks/sweep_attention.py, its records into bench.jsonl and its
+# dispatch table and ratios into bench.log): 0 leaves it out; the sweep call sets it (360).
+SWEEP_TIMEOUT="${SWEEP_TIMEOUT:-0}"
 # compute-sanitizer (step 3b): each tool's run of benchmarks/sanitizer_cases.py is limited to
 # SANITIZER_TIMEOUT and leaves SANITIZER_RESERVE_S of the total budget to the benchmark sample, the
 # kernel report and the summary. SANITIZER=path picks the binary (under DRY_RUN it is used only when
@@ -94,6 +100,11 @@ if [ "$DRY_RUN" = "1" ]; then
     SANITIZER_CASE_ARGS="${SANITIZER_CASE_ARGS:---device cpu --quick}"
 else
     SANITIZER_CASE_ARGS="${SANITIZER_CASE_ARGS:---device cuda}"
+fi
+if [ "$DRY_RUN" = "1" ]; then
+    SWEEP_ARGS="${SWEEP_ARGS:---dry-run}"
+else
+    SWEEP_ARGS="${SWEEP_ARGS:---device cuda}"
 fi
 if [ "$DRY_RUN" = "1" ]; then
     DECODE_BENCH_ARGS="${DECODE_BENCH_ARGS:---device cpu --threads 1}"
@@ -268,13 +279,17 @@ fi
 
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
-bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT ))
+bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT - SWEEP_TIMEOUT ))
 if [ "$bench_limit" -gt "$BENCH_TIMEOUT" ]; then bench_limit=$BENCH_TIMEOUT; fi
 bench_budget=$(( bench_limit - BENCH_SLACK_S ))
 if [ "$bench_budget" -lt 5 ]; then bench_budget=5; fi
-# shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
-run_step bench "$bench_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
-    "$PYTHON" -m lamina.cli bench $BENCH_ARGS --out "$OUT/bench.jsonl" --time-budget "$bench_budget"
+if [ "$BENCH_TIMEOUT" -le 0 ]; then
+    skip_step bench "BENCH_TIMEOUT=0"
+else
+    # shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose
+    run_step bench "$bench_limit" "$OUT/bench.log" env LAMINA_BENCH_PLAIN=1 PYTHONUNBUFFERED=1 \
+        "$PYTHON" -m lamina.cli bench $BENCH_ARGS --out "$OUT/bench.jsonl" --time-budget "$bench_budget"
+fi
 
 # ---- 4b. layer benchmark: lamina.layers against fla.layers, same weights ---------------------
 if [ "$BENCH_LAYERS_TIMEOUT" -le 0 ]; then
@@ -301,6 +316,20 @@ else
         "$PYTHON" -m lamina.cli bench --op decode $DECODE_BENCH_ARGS --out "$OUT/bench.jsonl"
     run_step bench_generation "$BENCH_DECODE_TIMEOUT" "$OUT/bench.log" env PYTHONUNBUFFERED=1 \
         "$PYTHON" -m lamina.cli bench --op generation $GENERATION_BENCH_ARGS --out "$OUT/bench.jsonl"
+fi
+
+# ---- 4d. attention / HRM-update sweep: the dispatch table of prism_attention(backend="auto") ----------
+if [ "$SWEEP_TIMEOUT" -le 0 ]; then
+    skip_step sweep "SWEEP_TIMEOUT=0: the sweep call runs it"
+else
+    sweep_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+    if [ "$sweep_limit" -gt "$SWEEP_TIMEOUT" ]; then sweep_limit=$SWEEP_TIMEOUT; fi
+    sweep_budget=$(( sweep_limit - BENCH_SLACK_S ))
+    if [ "$sweep_budget" -lt 5 ]; then sweep_budget=5; fi
+    # shellcheck disable=SC2086  # SWEEP_ARGS is a word list on purpose
+    run_step sweep "$sweep_limit" "$OUT/bench.log" env PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/sweep_attention.py \
+        $SWEEP_ARGS --out "$OUT/bench.jsonl" --table "${TMPDIR:-/tmp}/attention_dispatch.json" \
+        --time-budget "$sweep_budget"
 fi
 
 # ---- 5. static kernel report on this machine -----------------------------------------------

@@ -97,6 +97,9 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
         "GENERATION_BENCH_ARGS": "--device cpu --threads 1 --batch-sizes 1 --prompt-len 8 --new-tokens 4",
         "INFO_TIMEOUT": "10",
         "LAMINA_BENCH_PLAIN": "1",
+        # the attention / HRM sweep's dry run (tiny CPU shapes): its records join bench.jsonl, its table bench.log
+        "SWEEP_TIMEOUT": "90",
+        "TMPDIR": str(tmp_path),
     }
     env.pop("TRITON_INTERPRET", None)
     env.pop("SANITIZER", None)
@@ -109,7 +112,7 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     steps = _steps(summary)
     for step, status in (("install", "ok"), ("fla_import", "skipped ("), ("build_cuda", "skipped (DRY_RUN"),
                          ("pytest_gpu", "ok"), ("sanitizer", "ok"), ("bench ", "ok"), ("bench_layers", "ok"),
-                         ("bench_decode", "ok"), ("bench_generation", "ok"), ("info_kernels", "")):
+                         ("bench_decode", "ok"), ("bench_generation", "ok"), ("sweep", "ok"), ("info_kernels", "")):
         assert any(line.startswith(step) and status in line for line in steps), (step, steps)
     from lamina._optional import compiled_extension
 
@@ -127,6 +130,11 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     assert {r["op"] for r in ok} >= {"hrm_update", "delta_rule", *specs.LAYER_OPS}
     assert {r["provider"] for r in ok if r["op"] in specs.LAYER_OPS} == {"lamina-torch"}
     assert "x vs reference" in summary
+    sweep = [r for r in ok if r["op"] == "prism_attention" and r["params"]["D"] == 80]  # the sweep's dry shapes
+    assert {r["provider"] for r in sweep} >= {"lamina-torch", "sdpa-flash", "sdpa-math"}, sweep
+    table = json.loads((tmp_path / "attention_dispatch.json").read_text())
+    assert table["schema"] == 1 and len(table["entries"]) == 8, table  # 2 head dims x causal/not x fwd, fwd+bwd
+    assert "attention dispatch (prism_attention backend='auto' on CUDA): sweep on" in (out / "bench.log").read_text()
     assert "skipped" in (out / "pytest_gpu.log").read_text()
 
 

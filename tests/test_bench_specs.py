@@ -134,7 +134,23 @@ def test_every_op_has_every_shape_set_and_positive_counts(op):
         for p in shapes:
             for mode in spec.modes:
                 assert spec.flops(p, mode) > 0 and spec.bytes(p, mode) > 0
+    for shape_set in specs.SWEEP_SHAPE_SETS:
+        if op in specs.SWEEP_OPS:
+            assert shapes_for(op, shape_set), f"{op} has no {shape_set} shapes"
+        else:
+            with pytest.raises(ValueError, match=f"has no '{shape_set}' shapes"):
+                shapes_for(op, shape_set)
 
+
+def test_attention_sweep_shapes_have_equal_flops_at_every_head_dim():
+    """4 x 4096 with H x D = 2048: the FLOPs of every head dim equal up to the rounding of the heads (H x D from
+    1920 at D = 320 and 384 to 2112 at D = 192: within 10%)."""
+    shapes = shapes_for("prism_attention", "sweep")
+    assert sorted({p["D"] for p in shapes}) == list(specs.SWEEP_ATTN_DIMS)
+    assert {p["causal"] for p in shapes} == {True, False} and len(shapes) == 2 * len(specs.SWEEP_ATTN_DIMS)
+    flops = [get_op("prism_attention").flops(p, "fwd") for p in shapes if p["causal"]]
+    assert max(flops) / min(flops) < 1.101
+    assert next(p for p in shapes if p["D"] == 128)["H"] == 16
 
 # ---- the layer ops ---------------------------------------------------------------------------
 

@@ -222,6 +222,7 @@ def _gdn(q, k, v, g, beta, backend):
     return o * 2, s
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
 def test_torch_compile_fullgraph_matches_eager(backend):
     """fullgraph=True traces the whole op (the torch path inline, the Triton path as lamina::delta_rule_fwd/bwd

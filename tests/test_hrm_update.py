@@ -233,6 +233,7 @@ def test_backend_resolution(monkeypatch):
 
 # --- torch.compile -------------------------------------------------------------------------------
 
+@pytest.mark.versions
 @pytest.mark.parametrize("gate", ["channel", "token"])
 def test_torch_compile_fullgraph(gate):
     torch._dynamo.reset()

@@ -135,6 +135,7 @@ def test_torch_path_gradcheck_float64():
                                     (q, k, v))
 
 
+@pytest.mark.versions
 def test_torch_compile_fullgraph_torch_backend():
     q, k, v = _qkv(2, 24, 40, 4, 2, 64, grad=True)
     fn = lambda a, b, c: prism_attention(a, b, c, causal=True, backend="torch")

@@ -211,6 +211,7 @@ def test_split_heuristic():
     assert split_plan(1, 0, 16) == (1, 16)
 
 
+@pytest.mark.versions
 @pytest.mark.interpret
 def test_custom_op_schema_and_fake():
     q, k_cache, v_cache, k, v, _ = _inputs(2, 1, 2, 1, 32, 16, torch.float32)
@@ -219,6 +220,7 @@ def test_custom_op_schema_and_fake():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.versions
 @pytest.mark.interpret
 def test_compiles_fullgraph_and_writes_the_cache():
     q, k_cache, v_cache, k, v, _ = _inputs(2, 1, 4, 2, 32, 16, torch.float32)

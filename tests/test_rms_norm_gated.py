@@ -141,6 +141,7 @@ def test_auto_runs_float64_on_the_torch_path():
         rms_norm_gated(x, g, w, backend="triton")
 
 
+@pytest.mark.versions
 @pytest.mark.interpret
 def test_custom_ops_pass_opcheck():
     """Schema, autograd registration, fake implementation and AOT dispatch of the Triton path's op."""

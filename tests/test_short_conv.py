@@ -180,6 +180,7 @@ def test_triton_backward_is_deterministic():
         assert a is None or torch.equal(a, b), name
 
 
+@pytest.mark.versions
 @pytest.mark.interpret
 def test_custom_ops_pass_opcheck():
     """Schema, autograd registration, fake implementations and AOT dispatch of the Triton path's ops."""

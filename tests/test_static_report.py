@@ -21,6 +21,7 @@ def _run(code_or_args: list[str], timeout: int = 900) -> subprocess.CompletedPro
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.versions
 def test_report_detects_spills_and_hgmma():
     code = textwrap.dedent("""
         import json
@@ -45,6 +46,7 @@ def test_report_detects_spills_and_hgmma():
 ARCHS = os.environ.get("LAMINA_STATIC_REPORT_ARCHS", "90,80")
 
 
+@pytest.mark.versions
 def test_every_default_kernel_config_compiles_without_spills():
     proc = _run(["-m", "lamina.info", "--kernels", "--json", "--arch", ARCHS])
     assert proc.stdout, proc.stderr

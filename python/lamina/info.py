@@ -194,8 +194,11 @@ def environment_summary() -> dict[str, object]:
     from lamina import __version__
     from lamina._dispatch import interpreter_enabled
     from lamina._optional import compiled_extension
+    from lamina.ops.attention_dispatch import load_table
 
     ext = compiled_extension()
+    table = load_table()
+    outside = {key: path for key, path in sorted(table.entries.items()) if path != "lamina"}
     cuda = torch.cuda.is_available()
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     return {
@@ -210,6 +213,9 @@ def environment_summary() -> dict[str, object]:
                                  else "not built (LAMINA_BUILD_CUDA=1)"),
             "cpu-ext (lamina._C)": "available" if ext is not None else "not built (LAMINA_BUILD_CPU=1)",
         },
+        # prism_attention(backend="auto") on CUDA: the cases the sweep table sends to another path
+        "attention_dispatch": {"table": table.source, **outside,
+                               "every other case": "lamina's kernel"},
     }
 
 

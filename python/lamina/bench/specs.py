@@ -316,6 +316,20 @@ LAYER_CPU_HEADS: dict[str, dict[str, Any]] = {
     "layer_kda": dict(num_heads=4),
     "layer_gdn2": dict(num_heads=4),
 }
+# The attention sweep (benchmarks/sweep_attention.py): every head dim a dispatch decision is made for,
+# at B x T = 4 x 4096 with H x D = 2048 (4 x 16 x 4096 at D = 128; equal FLOPs at every D), causal and not.
+SWEEP_ATTN_DIMS = (64, 96, 128, 192, 256, 320, 384, 512)
+SWEEP_ATTN_B, SWEEP_ATTN_T, SWEEP_ATTN_WIDTH = 4, 4096, 2048
+# The HRM update sweep: 4096 rows of each width.
+SWEEP_HRM_ROWS = 4096
+SWEEP_HRM_DIMS = (1024, 2048, 4096)
+
+
+def sweep_attention_heads(D: int) -> int:
+    """Heads at head dim ``D`` in the sweep: ``H * D`` stays ``SWEEP_ATTN_WIDTH`` (rounded)."""
+    return max(1, round(SWEEP_ATTN_WIDTH / D))
+
+
 # KV-cache length of the attention decoding step.
 DECODE_CACHE_LEN = 4096
 
@@ -362,6 +376,9 @@ OPS["prism_attention"] = OpSpec(
         "small": [attn_shape(1, 1024, PRISM_SMALL_WIDTH // d, d, "fp32") for d in (64, 128, 320)],
         "quick": [attn_shape(1, 1024, PRISM_SMALL_WIDTH // 64, 64, "fp32")],
         "tiny": [attn_shape(1, 64, 2, 32, "fp32")],
+        "sweep": [attn_shape(SWEEP_ATTN_B, SWEEP_ATTN_T, sweep_attention_heads(d), d, "bf16", causal=c)
+                  for d in SWEEP_ATTN_DIMS for c in (True, False)],
+        "sweep-dry": [attn_shape(1, 64, 2, d, "fp32", causal=c) for d in (32, 80) for c in (True, False)],
     },
 )
 OPS["hrm_update"] = OpSpec(
@@ -372,6 +389,8 @@ OPS["hrm_update"] = OpSpec(
         "small": [hrm_shape(4096, 1024, "fp32"), hrm_shape(4096, 1024, "bf16")],
         "quick": [hrm_shape(4096, 1024, "fp32")],
         "tiny": [hrm_shape(64, 64, "fp32")],
+        "sweep": [hrm_shape(SWEEP_HRM_ROWS, d, "bf16") for d in SWEEP_HRM_DIMS],
+        "sweep-dry": [hrm_shape(64, 64, "fp32")],
     },
 )
 OPS["gdn_decode"] = OpSpec(
@@ -400,6 +419,9 @@ for _op in LAYER_OPS:
                       layer_flops, layer_bytes, modes=LAYER_MODES, shapes=_layer_sets(_op))
 
 SHAPE_SETS = ("standard", "small", "quick", "tiny")
+# Only the ops of benchmarks/sweep_attention.py have these: its GPU shapes and their CPU dry run.
+SWEEP_SHAPE_SETS = ("sweep", "sweep-dry")
+SWEEP_OPS = ("prism_attention", "hrm_update")
 # Default run order: cheap ops first, so that under a time budget (each op gets the remaining time over
 # the remaining ops) what they leave unused flows to the expensive ones. The kernel ops only: the layer
 # ops (`--op layers`) compile two whole layers per op and answer another question (lamina's layer
@@ -455,6 +477,9 @@ def shape_label(op: str, p: dict[str, Any]) -> str:
 
 
 def shapes_for(op: str, shape_set: str) -> list[dict[str, Any]]:
-    if shape_set not in SHAPE_SETS:
-        raise ValueError(f"shape set must be one of {SHAPE_SETS}, got {shape_set!r}")
-    return [dict(p) for p in get_op(op).shapes[shape_set]]
+    if shape_set not in SHAPE_SETS + SWEEP_SHAPE_SETS:
+        raise ValueError(f"shape set must be one of {SHAPE_SETS + SWEEP_SHAPE_SETS}, got {shape_set!r}")
+    shapes = get_op(op).shapes
+    if shape_set not in shapes:
+        raise ValueError(f"op {op!r} has no {shape_set!r} shapes (it has {', '.join(shapes)})")
+    return [dict(p) for p in shapes[shape_set]]

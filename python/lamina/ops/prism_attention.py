@@ -7,7 +7,9 @@ interpreter run lamina's Triton kernels (``lamina.kernels.prism_attn_fwd``/``_bw
 tensors by default run PyTorch's fused attention with an exact blockwise backward
 (``_SDPAExactBackward``), or, where the lse is asked for or a causal row sees no key, a blockwise
 PyTorch implementation differentiated by PyTorch's autograd.
-FlashAttention is not used: lamina's kernel serves every head dim.
+With ``backend="auto"`` on CUDA a call may run FlashAttention or one of PyTorch's SDPA backends instead,
+where a GPU sweep found it faster and it computes the same thing (``lamina.ops.attention_dispatch``);
+without a committed sweep table every call runs lamina's kernel. ``backend="triton"`` always does.
 """
 
 from __future__ import annotations
@@ -355,7 +357,8 @@ def prism_attention(
         max_seqlen_q: longest query sequence (read from cu_seqlens_q when None).
         max_seqlen_k: longest key sequence (read from cu_seqlens_k when None).
         return_lse: also return the log-sum-exp of the scaled scores.
-        backend: "auto", "triton" or "torch" (see ``lamina._dispatch``).
+        backend: "auto", "triton" or "torch" (see ``lamina._dispatch``); "auto" on CUDA follows the
+            dispatch table (``lamina.ops.attention_dispatch``, printed by ``lamina info``).
 
     Returns:
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
@@ -392,6 +395,13 @@ def prism_attention_with_layout(
     else:
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
+        if backend == "auto":  # outside paths are available on CUDA only (attention_dispatch.available)
+            from lamina.ops import attention_dispatch as dispatch
+
+            case = dispatch.case_of(q, k, v, causal, varlen is not None, return_lse)
+            chosen = dispatch.choose(case, dispatch.load_table(), dispatch.available(q.device.type))
+            if chosen != "lamina":
+                return dispatch.run(chosen, q, k, v, causal, scale)
         max_q, max_k = (q.shape[1], k.shape[1]) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
         o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal), scale)
     return (o, lse) if return_lse else o
