@@ -379,21 +379,43 @@ def _bwd_signature(dt: str) -> dict[str, str]:
     return {**ptrs, "n_rows": "i32", "D": "i32", "n_blocks": "i32"}
 
 
-# (D, dtype, per-channel gate): the issue's target shape (4096, bf16) with both gate kinds, a
-# narrow model width batching many rows per program, and a row wider than both tile limits.
-_AOT_CASES = ((4096, torch.bfloat16, True), (4096, torch.bfloat16, False), (64, torch.float32, True),
-              (16384, torch.bfloat16, True))
+# (D, dtype, per-channel gate): the target shape (4096, bf16) with both gate kinds, and a row wider than
+# both tile limits with the token gate; then every launch configuration ``launch_config`` can choose.
+_AOT_CASES = ((4096, torch.bfloat16, True), (4096, torch.bfloat16, False), (16384, torch.bfloat16, False))
 _TRITON_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+# Row widths up to this cover every launch configuration (the widest tiles, then the multi-tile loop).
+_AOT_MAX_D = 2 * MAX_BLOCK_D_FWD
+
+
+def every_launch_config(itemsize: int, backward: bool) -> dict[tuple[int, int, int, bool], int]:
+    """Each distinct (BLOCK_D, ROWS, num_warps, single tile) of ``launch_config``, with the smallest row width
+    that takes it: the configurations the kernels can run with at any row size (bf16/fp16 share them)."""
+    configs: dict[tuple[int, int, int, bool], int] = {}
+    d = 1
+    while d <= _AOT_MAX_D:
+        block_d, rows, warps = launch_config(d, itemsize, backward=backward)
+        configs.setdefault((block_d, rows, warps, d <= block_d), d)
+        # the configuration only changes where next_power_of_2(d) does, and past the tile limit
+        d = d + 1 if d < 2 else next_power_of_2(d) + 1 if d != next_power_of_2(d) else d + 1
+    return configs
 
 
 def _register_default_configs() -> None:
-    for d, dtype, per_channel in _AOT_CASES:
+    cases = [(d, dtype, per_channel, "target") for d, dtype, per_channel in _AOT_CASES]
+    # every launch configuration, per-channel gate (it reads a gate row like h and c), 2- and 4-byte rows
+    for dtype in (torch.bfloat16, torch.float32):
+        for backward in (False, True):
+            for d in every_launch_config(dtype.itemsize, backward).values():
+                cases.append((d, dtype, True, "bwd" if backward else "fwd"))
+    for d, dtype, per_channel, which in cases:
         dt = _TRITON_TYPE[dtype]
         gate = "channel" if per_channel else "token"
         for kind, fn, signature in (
             ("fwd", _hrm_update_fwd_kernel, _fwd_signature(dt)),
             ("bwd", _hrm_update_bwd_kernel, _bwd_signature(dt)),
         ):
+            if which not in ("target", kind):
+                continue
             block_d, rows, num_warps = launch_config(d, dtype.itemsize, backward=kind == "bwd")
             constexprs = {"GATE_PER_CHANNEL": per_channel, "HAS_BIAS": True, "HAS_NORM": True,
                           "COMPUTE": tl.float32, "BLOCK_D": block_d, "ROWS": rows, "SINGLE_TILE": d <= block_d}

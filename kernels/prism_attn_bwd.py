@@ -10,6 +10,9 @@ Three launches, with ``P = exp(S - lse)`` recomputed from the forward's log-sum-
 * ``_prism_attn_bwd_dq_kernel``: one program per query block, query head and output piece, looping
   over the visible key blocks: ``dQ += scale * dS K``.
 
+Causal masks, sliding windows (``window_size``) and softcapping follow the forward; in both kernels only the
+blocks a mask cuts (diagonal, window edges, ragged ends) are masked, the blocks wholly inside are not.
+
 Head-dim reductions (``Q K^T``, ``dO V^T``) run over chunks of ``BLOCK_DC`` columns; the outputs
 are written one piece per launch (``prism_attn_common``), as in the forward.
 """
@@ -32,11 +35,15 @@ from lamina.kernels.prism_attn_common import (
     head_dim_bucket,
     head_dot,
     keep_bucket_configs,
+    key_range,
     load_tile,
     output_pieces,
     reduction_chunk,
     sequence_bounds,
     store_tile,
+    tanh,
+    window_args,
+    window_visible,
 )
 
 # Tile configurations per head-dim bucket, checked by the static report (0 spills, HGMMA, shared
@@ -98,6 +105,52 @@ def _prism_attn_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _dkdv_query_block(dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n,
+                      offs_out, rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left,
+                      win_right, cap2, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_DC: tl.constexpr, KV_RESIDENT: tl.constexpr, MASK_OUT_COLS: tl.constexpr,
+                      MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+                      SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add query block ``[start_m, start_m + BLOCK_M)`` to dK and dV of the key block. Without ``MASKED`` every
+    query row is in the sequence and sees every key of the block (key rows past the sequence only write rows
+    that are not stored)."""
+    q_blk = q_head + start_m * stride_qt.to(tl.int64)
+    do_blk = do_head + start_m * stride_dt.to(tl.int64)
+    rows_q = len_q - start_m
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    if MASKED:
+        row_ok = offs_m < len_q
+        lse = tl.load(lse_head + offs_m, mask=row_ok, other=0.0) * LOG2E_C
+        delta = tl.load(delta_head + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_head + offs_m) * LOG2E_C
+        delta = tl.load(delta_head + offs_m)
+    # Transposed tiles [BLOCK_N, BLOCK_M]: keys along rows, queries along columns.
+    s_t = head_dot(k_res, k_blk, stride_kt, rows_k, q_blk, stride_qt, rows_q,
+                   BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, MASKED, DOT_PRECISION, True) * qk_scale
+    if SOFTCAP:
+        t_t = tanh(s_t / cap2)
+        s_t = cap2 * t_t
+    if MASKED:
+        visible = (offs_m < len_q)[None, :] & (offs_n[:, None] < len_k) & window_visible(
+            offs_m[None, :], offs_n[:, None], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
+        # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
+        p_t = tl.where(visible, tl.math.exp2(s_t - lse[None, :]), 0.0)
+    else:
+        p_t = tl.math.exp2(s_t - lse[None, :])
+    do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, MASKED, MASK_OUT_COLS)
+    dv = tl.dot(p_t.to(do_out.dtype), do_out, dv, input_precision=DOT_PRECISION)
+    dp_t = head_dot(v_res, v_blk, stride_vt, rows_k, do_blk, stride_dt, rows_q,
+                    BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, MASKED, DOT_PRECISION, True)
+    ds_t = p_t * (dp_t - delta[None, :])
+    if SOFTCAP:  # through cap * tanh(s / cap): d/ds = 1 - tanh^2
+        ds_t = ds_t * (1.0 - t_t * t_t)
+    q_out = load_tile(q_blk, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM, MASKED, MASK_OUT_COLS)
+    dk = tl.dot(ds_t.to(q_out.dtype), q_out, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _prism_attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     stride_qb, stride_qt, stride_qh,
@@ -105,12 +158,14 @@ def _prism_attn_bwd_dkdv_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_db, stride_dt, stride_dh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_kv_heads, group_size, qk_scale, sm_scale,
+    seqlen_q, seqlen_k, num_kv_heads, group_size, qk_scale, sm_scale, win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid: (key blocks, sequences, key/value heads). dK/dV share K's and V's strides."""
+    """Grid: (key blocks, sequences, key/value heads). dK/dV share K's and V's strides. Window and
+    softcap flags as in the forward kernel."""
     pid_n = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2).to(tl.int64)
@@ -140,44 +195,84 @@ def _prism_attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DO], dtype=tl.float32)
 
     diag = len_k - len_q
-    # The first query that sees key n0 is n0 - diag (bottom-right causal alignment).
-    if CAUSAL:
-        m_begin = (tl.maximum(n0 - diag, 0) // BLOCK_M) * BLOCK_M
-    else:
-        m_begin = n0 * 0
-    stride_qt64 = stride_qt.to(tl.int64)
-    stride_dt64 = stride_dt.to(tl.int64)
+    # The queries that see a key of this block: from n0 - diag - win_right (the right bound, causal's 0)
+    # to n0 + BLOCK_N - 1 - diag + win_left (the left bound).
+    m_begin = n0 * 0
+    m_end = len_q + n0 * 0
+    if WINDOW_RIGHT:
+        m_begin = (tl.maximum(n0 - diag - win_right, 0) // BLOCK_M) * BLOCK_M
+    if WINDOW_LEFT:
+        m_end = tl.maximum(tl.minimum(n0 + BLOCK_N - diag + win_left, len_q), 0)
+    # Query blocks that see every key of this block (and lie inside the sequence) skip the mask: rows from
+    # n0 + BLOCK_N - 1 - diag - win_right (right bound) to n0 - diag + win_left (left bound).
+    full_m_lo = m_begin
+    full_m_hi = (len_q // BLOCK_M) * BLOCK_M
+    if WINDOW_RIGHT:
+        lowest = tl.maximum(n0 + BLOCK_N - 1 - diag - win_right, 0)
+        full_m_lo = tl.maximum(((lowest + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_begin)
+    if WINDOW_LEFT:
+        highest = tl.maximum(n0 - diag + win_left + 1, 0)  # one past the last row that sees key n0
+        full_m_hi = (tl.minimum(highest, len_q) // BLOCK_M) * BLOCK_M
+    full_m_hi = tl.maximum(full_m_hi, full_m_lo)
     for g in range(0, group_size):
         head = kv_head * group_size + g
         q_head = Q + batch * stride_qb + bos_q * stride_qt + head * stride_qh
         do_head = DO + batch * stride_db + bos_q * stride_dt + head * stride_dh
         lse_head = LSE + batch * stride_lb + head * stride_lh + bos_q
         delta_head = DELTA + batch * stride_lb + head * stride_lh + bos_q
-        for start_m in range(m_begin, len_q, BLOCK_M):
-            q_blk = q_head + start_m * stride_qt64
-            do_blk = do_head + start_m * stride_dt64
-            rows_q = len_q - start_m
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < len_q
-            lse = tl.load(lse_head + offs_m, mask=row_ok, other=0.0) * LOG2E_C
-            delta = tl.load(delta_head + offs_m, mask=row_ok, other=0.0)
-            # Transposed tiles [BLOCK_N, BLOCK_M]: keys along rows, queries along columns.
-            s_t = head_dot(k_res, k_blk, stride_kt, rows_k, q_blk, stride_qt, rows_q,
-                           BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True)
-            visible = row_ok[None, :] & (offs_n[:, None] < len_k)
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag)
-            # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
-            p_t = tl.where(visible, tl.math.exp2(s_t * qk_scale - lse[None, :]), 0.0)
-            do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
-            dv = tl.dot(p_t.to(do_out.dtype), do_out, dv, input_precision=DOT_PRECISION)
-            dp_t = head_dot(v_res, v_blk, stride_vt, rows_k, do_blk, stride_dt, rows_q,
-                            BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True)
-            ds_t = p_t * (dp_t - delta[None, :])
-            q_out = load_tile(q_blk, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
-            dk = tl.dot(ds_t.to(q_out.dtype), q_out, dk, input_precision=DOT_PRECISION)
+        for start_m in range(m_begin, tl.minimum(full_m_lo, m_end), BLOCK_M):
+            dk, dv = _dkdv_query_block(
+                dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
+                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
+                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP, DOT_PRECISION)
+        for start_m in range(full_m_lo, full_m_hi, BLOCK_M):
+            dk, dv = _dkdv_query_block(
+                dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
+                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
+                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, False, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP, DOT_PRECISION)
+        for start_m in range(full_m_hi, m_end, BLOCK_M):
+            dk, dv = _dkdv_query_block(
+                dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
+                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
+                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP, DOT_PRECISION)
     store_tile(dk_blk, dk * sm_scale, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
     store_tile(dv_blk, dv, stride_vt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
+
+
+@triton.jit
+def _dq_key_block(dq, q_res, do_res, q_blk, do_blk, k_base, v_base, start_n, offs_m, offs_out, rows_q, len_q, len_k,
+                  diag, lse, delta, stride_qt, stride_dt, stride_kt, stride_vt, qk_scale, win_left, win_right, cap2,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DC: tl.constexpr,
+                  QDO_RESIDENT: tl.constexpr, MASK_OUT_COLS: tl.constexpr, MASKED: tl.constexpr,
+                  WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """Add key block ``[start_n, start_n + BLOCK_N)`` to dQ of the query tile. Without ``MASKED`` every key of
+    the block is in the sequence and seen by every row (rows past the sequence only write rows not stored)."""
+    k_blk = k_base + start_n * stride_kt.to(tl.int64)
+    v_blk = v_base + start_n * stride_vt.to(tl.int64)
+    rows_k = len_k - start_n
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    s = head_dot(q_res, q_blk, stride_qt, rows_q, k_blk, stride_kt, rows_k,
+                 BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, MASKED, DOT_PRECISION, True) * qk_scale
+    if SOFTCAP:
+        t = tanh(s / cap2)
+        s = cap2 * t
+    if MASKED:
+        visible = (offs_m < len_q)[:, None] & (offs_n[None, :] < len_k) & window_visible(
+            offs_m[:, None], offs_n[None, :], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
+        p = tl.where(visible, tl.math.exp2(s - lse[:, None]), 0.0)
+    else:
+        p = tl.math.exp2(s - lse[:, None])
+    dp = head_dot(do_res, do_blk, stride_dt, rows_q, v_blk, stride_vt, rows_k,
+                  BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, MASKED, DOT_PRECISION, True)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    k_out = load_tile(k_blk, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM, MASKED, MASK_OUT_COLS)
+    return tl.dot(ds.to(k_out.dtype), k_out, dq, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -188,9 +283,10 @@ def _prism_attn_bwd_dq_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_db, stride_dt, stride_dh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_heads, group_size, qk_scale, sm_scale,
+    seqlen_q, seqlen_k, num_heads, group_size, qk_scale, sm_scale, win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid: (query blocks, sequences, query heads). dQ shares Q's strides."""
@@ -228,32 +324,28 @@ def _prism_attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_DO], dtype=tl.float32)
 
     diag = len_k - len_q
-    if CAUSAL:
-        visible_end = tl.maximum(tl.minimum(m0 + BLOCK_M + diag, len_k), 0)
-    else:
-        visible_end = len_k
-    stride_kt64 = stride_kt.to(tl.int64)
-    stride_vt64 = stride_vt.to(tl.int64)
-    for start_n in range(0, visible_end, BLOCK_N):
-        k_blk = k_base + start_n * stride_kt64
-        v_blk = v_base + start_n * stride_vt64
-        rows_k = len_k - start_n
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = head_dot(q_res, q_blk, stride_qt, rows_q, k_blk, stride_kt, rows_k,
-                     BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, True, DOT_PRECISION, True)
-        visible = row_ok[:, None] & (offs_n[None, :] < len_k)
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
-        p = tl.where(visible, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-        dp = head_dot(do_res, do_blk, stride_dt, rows_q, v_blk, stride_vt, rows_k,
-                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, QDO_RESIDENT, True, DOT_PRECISION, True)
-        ds = p * (dp - delta[:, None])
-        k_out = load_tile(k_blk, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM, True, MASK_OUT_COLS)
-        dq = tl.dot(ds.to(k_out.dtype), k_out, dq, input_precision=DOT_PRECISION)
+    # As in the forward: only the key blocks the window cuts pay for the mask.
+    start, full_lo, full_hi, end = key_range(m0, BLOCK_M, len_k, diag, win_left, win_right, BLOCK_N, WINDOW_LEFT,
+                                             WINDOW_RIGHT)
+    for start_n in range(start, tl.minimum(full_lo, end), BLOCK_N):
+        dq = _dq_key_block(dq, q_res, do_res, q_blk, do_blk, k_base, v_base, start_n, offs_m, offs_out, rows_q, len_q,
+                           len_k, diag, lse, delta, stride_qt, stride_dt, stride_kt, stride_vt, qk_scale, win_left,
+                           win_right, cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, QDO_RESIDENT, MASK_OUT_COLS, True,
+                           WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
+    for start_n in range(full_lo, full_hi, BLOCK_N):
+        dq = _dq_key_block(dq, q_res, do_res, q_blk, do_blk, k_base, v_base, start_n, offs_m, offs_out, rows_q, len_q,
+                           len_k, diag, lse, delta, stride_qt, stride_dt, stride_kt, stride_vt, qk_scale, win_left,
+                           win_right, cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, QDO_RESIDENT, MASK_OUT_COLS, False,
+                           WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
+    for start_n in range(full_hi, end, BLOCK_N):
+        dq = _dq_key_block(dq, q_res, do_res, q_blk, do_blk, k_base, v_base, start_n, offs_m, offs_out, rows_q, len_q,
+                           len_k, diag, lse, delta, stride_qt, stride_dt, stride_kt, stride_vt, qk_scale, win_left,
+                           win_right, cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, QDO_RESIDENT, MASK_OUT_COLS, True,
+                           WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
     store_tile(dq_blk, dq * sm_scale, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM)
 
 
-_KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN"]
+_KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN", "WINDOW_LEFT", "WINDOW_RIGHT", "SOFTCAP"]
 _dkdv_tuned = autotune(
     all_configs(DKDV_CONFIGS), key=_KEY, interpret_config=DKDV_INTERPRET_CONFIG,
     prune_configs_by={"early_config_prune": keep_bucket_configs(DKDV_CONFIGS)},
@@ -282,6 +374,8 @@ def prism_attn_bwd(
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
     dlse: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels on validated, contiguous inputs.
 
@@ -317,18 +411,19 @@ def prism_attn_bwd(
     dv = torch.empty_like(v)
     group = num_heads // num_kv_heads
     common = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), lse.stride(0), lse.stride(1))
+    window, window_flags = window_args(causal, window_size, softcap)
     flags = dict(HEAD_DIM=head_dim, BLOCK_DC=block_dc, CAUSAL=bool(causal), IS_VARLEN=is_varlen,
-                 DOT_PRECISION=dot_precision(q.dtype))
+                 DOT_PRECISION=dot_precision(q.dtype), **window_flags)
     for out_offset, block_do in output_pieces(head_dim):
         _dkdv_tuned[lambda meta: (cdiv(max_k, meta["BLOCK_N"]), n_seq, num_kv_heads)](
             q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, *common,
-            seqlen_q, seqlen_k, num_kv_heads, group, scale * LOG2E, scale,
+            seqlen_q, seqlen_k, num_kv_heads, group, scale * LOG2E, scale, *window,
             BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
         )
     for out_offset, block_do in output_pieces(head_dim):
         _dq_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq, num_heads)](
             q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, *common,
-            seqlen_q, seqlen_k, num_heads, group, scale * LOG2E, scale,
+            seqlen_q, seqlen_k, num_heads, group, scale * LOG2E, scale, *window,
             BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
         )
     return dq, dk, dv
@@ -350,10 +445,10 @@ def _aot_signature(kernel: str, dtype: str, head_dim: int, piece: tuple[int, int
         names = ("q", "k", "v", "d")
         heads = "num_kv_heads" if kernel == "dkdv" else "num_heads"
         scalars = {"seqlen_q": "i32", "seqlen_k": "i32", heads: "i32", "group_size": "i32",
-                   "qk_scale": "fp32", "sm_scale": "fp32"}
+                   "qk_scale": "fp32", "sm_scale": "fp32", "win_left": "i32", "win_right": "i32", "cap2": "fp32"}
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "BLOCK_DO": piece[1],
                       "OUT_OFFSET": piece[0], "CAUSAL": causal, "IS_VARLEN": False, "DOT_PRECISION": "tf32",
-                      **config.kwargs}
+                      "WINDOW_LEFT": False, "WINDOW_RIGHT": causal, "SOFTCAP": False, **config.kwargs}
     for name in names:
         sig.update({f"stride_{name}b": "i32", f"stride_{name}t": "i32", f"stride_{name}h": "i32"})
     sig.update({"stride_lb": "i32", "stride_lh": "i32", **scalars})

@@ -200,3 +200,58 @@ def sequence_bounds(CU, b, seqlen, IS_VARLEN: tl.constexpr):
         return (b * 0).to(tl.int64), start.to(tl.int64), length.to(tl.int32)
     else:
         return b.to(tl.int64), (b * 0).to(tl.int64), (b * 0 + seqlen).to(tl.int32)
+
+
+# --- sliding window and logit softcapping (FlashAttention's semantics) ---------------------------
+# Query i of a sequence with Tq queries and Tk keys sits at key position c = i + Tk - Tq (bottom-right
+# alignment); with window_size = (left, right) it sees keys c - left <= j <= c + right (a bound of -1 is
+# none; causal is right = 0). Softcapping replaces a score s by cap * tanh(s / cap) before the softmax.
+
+
+def window_args(causal: bool, window_size: tuple[int, int], softcap: float) -> tuple[tuple, dict]:
+    """The kernels' runtime ``(win_left, win_right, cap2)`` and constexpr flags for a call's options."""
+    left, right = window_size
+    right = 0 if causal else right
+    flags = dict(WINDOW_LEFT=left >= 0, WINDOW_RIGHT=right >= 0, SOFTCAP=softcap > 0)
+    return (max(left, 0), max(right, 0), float(softcap) * LOG2E), flags
+
+
+@triton.jit
+def window_visible(offs_q, offs_k, diag, win_left, win_right, BOUND_LEFT: tl.constexpr,
+                   BOUND_RIGHT: tl.constexpr):
+    """Which (query, key) pairs the window admits, for broadcastable query and key positions."""
+    visible = offs_k == offs_k  # all true, in the broadcast shape
+    if BOUND_RIGHT:
+        visible = visible & (offs_k <= offs_q + diag + win_right)
+    if BOUND_LEFT:
+        visible = visible & (offs_k >= offs_q + diag - win_left)
+    return visible
+
+
+@triton.jit
+def key_range(m0, rows, len_k, diag, win_left, win_right, BLOCK_N: tl.constexpr, BOUND_LEFT: tl.constexpr,
+              BOUND_RIGHT: tl.constexpr):
+    """Key blocks of the query rows ``[m0, m0 + rows)``: ``[start, full_lo)`` and ``[full_hi, end)`` need the
+    mask, ``[full_lo, full_hi)`` every row sees whole (block-aligned; ``start <= full_lo <= full_hi``)."""
+    lo_any = m0 * 0
+    lo_all = m0 * 0
+    end = len_k + m0 * 0
+    hi_all = len_k + m0 * 0
+    if BOUND_RIGHT:  # the last row reaches furthest right, the first row least far
+        end = tl.maximum(tl.minimum(m0 + rows + diag + win_right, len_k), 0)
+        hi_all = tl.maximum(tl.minimum(m0 + diag + win_right + 1, len_k), 0)
+    if BOUND_LEFT:  # the first row starts furthest left, the last row least far
+        lo_any = tl.minimum(tl.maximum(m0 + diag - win_left, 0), len_k)
+        lo_all = tl.minimum(tl.maximum(m0 + rows - 1 + diag - win_left, 0), len_k)
+    start = (lo_any // BLOCK_N) * BLOCK_N
+    full_lo = tl.maximum(((lo_all + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, start)
+    full_hi = tl.maximum((hi_all // BLOCK_N) * BLOCK_N, full_lo)
+    return start, full_lo, full_hi, end
+
+
+@triton.jit
+def tanh(x):
+    """tanh from one exponential of a non-positive argument (finite everywhere)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)

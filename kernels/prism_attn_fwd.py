@@ -28,11 +28,15 @@ from lamina.kernels.prism_attn_common import (
     head_dim_bucket,
     head_dot,
     keep_bucket_configs,
+    key_range,
     load_tile,
     output_pieces,
     reduction_chunk,
     sequence_bounds,
     store_tile,
+    tanh,
+    window_args,
+    window_visible,
 )
 
 # Tile configurations per head-dim bucket (checked by the static report: 0 spills, HGMMA, shared
@@ -55,22 +59,23 @@ FWD_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4
 
 @triton.jit
 def _fwd_key_block(acc, m_i, l_i, q_res, q_blk, stride_qt, rows_q, offs_m, k_base, v_base, stride_kt,
-                   stride_vt, start_n, offs_out, len_k, diag, qk_scale,
+                   stride_vt, start_n, offs_out, len_k, diag, qk_scale, win_left, win_right, cap2,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
-                   Q_RESIDENT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   Q_RESIDENT: tl.constexpr, MASKED: tl.constexpr, BOUND_LEFT: tl.constexpr,
+                   BOUND_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold key block ``[start_n, start_n + BLOCK_N)`` into the running (acc, m, l) of the query tile."""
     k_blk = k_base + start_n * stride_kt.to(tl.int64)
     v_blk = v_base + start_n * stride_vt.to(tl.int64)
     rows_k = len_k - start_n
     s = head_dot(q_res, q_blk, stride_qt, rows_q, k_blk, stride_kt, rows_k,
                  BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_DC, Q_RESIDENT, MASKED, DOT_PRECISION) * qk_scale
+    if SOFTCAP:  # cap * tanh(s / cap), in the base-2 units of s (cap2 = cap * log2(e))
+        s = cap2 * tanh(s / cap2)
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        visible = offs_n[None, :] < len_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+        visible = (offs_n[None, :] < len_k) & window_visible(offs_m[:, None], offs_n[None, :], diag, win_left,
+                                                              win_right, BOUND_LEFT, BOUND_RIGHT)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # A row with no visible key so far keeps m = -inf; shift by 0 there so that exp2 gives 0, not NaN.
@@ -91,12 +96,18 @@ def _prism_attn_fwd_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
+    seqlen_q, seqlen_k, num_heads, group_size, qk_scale, win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DO: tl.constexpr, OUT_OFFSET: tl.constexpr,
     CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid: (query blocks, sequences, heads). Writes O[..., OUT_OFFSET : OUT_OFFSET + BLOCK_DO]."""
+    """Grid: (query blocks, sequences, heads). Writes O[..., OUT_OFFSET : OUT_OFFSET + BLOCK_DO].
+
+    ``WINDOW_LEFT``/``WINDOW_RIGHT``: the window bounds ``win_left``/``win_right`` apply (causal is the right
+    bound 0: ``WINDOW_RIGHT`` with ``win_right = 0``; ``CAUSAL`` itself only names the case); ``SOFTCAP``:
+    scores are capped at ``cap2`` (base-2 units).
+    """
     pid_m = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2).to(tl.int64)
@@ -126,25 +137,27 @@ def _prism_attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     diag = len_k - len_q
-    if CAUSAL:
-        # Keys every row of the tile sees: j <= m0 + diag. Keys any row sees: j < m0 + BLOCK_M + diag.
-        full_end = tl.maximum(tl.minimum(m0 + diag + 1, len_k), 0)
-        visible_end = tl.maximum(tl.minimum(m0 + BLOCK_M + diag, len_k), 0)
-    else:
-        full_end = len_k
-        visible_end = len_k
-    full_end = (full_end // BLOCK_N) * BLOCK_N
-
-    for start_n in range(0, full_end, BLOCK_N):
+    # Only the key blocks the window cuts (diagonal, left edge, ragged end) pay for the mask.
+    start, full_lo, full_hi, end = key_range(m0, BLOCK_M, len_k, diag, win_left, win_right, BLOCK_N,
+                                             WINDOW_LEFT, WINDOW_RIGHT)
+    for start_n in range(start, tl.minimum(full_lo, end), BLOCK_N):
         acc, m_i, l_i = _fwd_key_block(
             acc, m_i, l_i, q_res, q_blk, stride_qt, rows_q, offs_m, k_base, v_base, stride_kt, stride_vt,
-            start_n, offs_out, len_k, diag, qk_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, BLOCK_DO, OUT_OFFSET, Q_RESIDENT, False, CAUSAL, DOT_PRECISION)
-    for start_n in range(full_end, visible_end, BLOCK_N):
+            start_n, offs_out, len_k, diag, qk_scale, win_left, win_right, cap2,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, BLOCK_DO, OUT_OFFSET, Q_RESIDENT, True, WINDOW_LEFT, WINDOW_RIGHT,
+            SOFTCAP, DOT_PRECISION)
+    for start_n in range(full_lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _fwd_key_block(
             acc, m_i, l_i, q_res, q_blk, stride_qt, rows_q, offs_m, k_base, v_base, stride_kt, stride_vt,
-            start_n, offs_out, len_k, diag, qk_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, BLOCK_DO, OUT_OFFSET, Q_RESIDENT, True, CAUSAL, DOT_PRECISION)
+            start_n, offs_out, len_k, diag, qk_scale, win_left, win_right, cap2,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, BLOCK_DO, OUT_OFFSET, Q_RESIDENT, False, WINDOW_LEFT, WINDOW_RIGHT,
+            SOFTCAP, DOT_PRECISION)
+    for start_n in range(full_hi, end, BLOCK_N):
+        acc, m_i, l_i = _fwd_key_block(
+            acc, m_i, l_i, q_res, q_blk, stride_qt, rows_q, offs_m, k_base, v_base, stride_kt, stride_vt,
+            start_n, offs_out, len_k, diag, qk_scale, win_left, win_right, cap2,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, BLOCK_DO, OUT_OFFSET, Q_RESIDENT, True, WINDOW_LEFT, WINDOW_RIGHT,
+            SOFTCAP, DOT_PRECISION)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -155,7 +168,7 @@ def _prism_attn_fwd_kernel(
         tl.store(lse_ptr, lse, mask=tl.arange(0, BLOCK_M) < rows_q)
 
 
-_KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN"]
+_KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN", "WINDOW_LEFT", "WINDOW_RIGHT", "SOFTCAP"]
 _prism_attn_fwd_tuned = autotune(
     all_configs(FWD_CONFIGS), key=_KEY, interpret_config=FWD_INTERPRET_CONFIG,
     prune_configs_by={"early_config_prune": keep_bucket_configs(FWD_CONFIGS)},
@@ -178,10 +191,13 @@ def prism_attn_fwd(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel on validated inputs.
 
     q: [B, T, H, D], k and v: [B, S, HKV, D] (B == 1 with cu_seqlens_q/k: [N + 1]).
+    window_size: (left, right), -1 for no bound (with causal the right bound is 0); softcap: 0 for none.
     Returns o: [B, T, H, D] in q's dtype and lse: [B, H, T] float32 (natural log; -inf where a
     row sees no key).
     """
@@ -199,17 +215,19 @@ def prism_attn_fwd(
     o = torch.empty_like(q)
     lse = torch.empty((batch, num_heads, seqlen_q), device=q.device, dtype=torch.float32)
     block_dc = reduction_chunk(head_dim)
+    window, window_flags = window_args(causal, window_size, softcap)
     for out_offset, block_do in output_pieces(head_dim):
         _prism_attn_fwd_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq, num_heads)](
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
             *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(o),
             lse.stride(0), lse.stride(1),
-            seqlen_q, seqlen_k, num_heads, num_heads // num_kv_heads, scale * LOG2E,
+            seqlen_q, seqlen_k, num_heads, num_heads // num_kv_heads, scale * LOG2E, *window,
             HEAD_DIM=head_dim, BLOCK_DC=block_dc, BLOCK_DO=block_do, OUT_OFFSET=out_offset,
             CAUSAL=bool(causal), IS_VARLEN=is_varlen, WRITE_LSE=out_offset == 0,
-            DOT_PRECISION=dot_precision(q.dtype),
+            DOT_PRECISION=dot_precision(q.dtype), **window_flags,
         )
     return o, lse
+
 
 
 def _aot_signature(dtype: str, head_dim: int, piece: tuple[int, int], config: triton.Config,
@@ -219,10 +237,11 @@ def _aot_signature(dtype: str, head_dim: int, piece: tuple[int, int], config: tr
     for name in ("q", "k", "v", "o"):
         sig.update({f"stride_{name}b": "i32", f"stride_{name}t": "i32", f"stride_{name}h": "i32"})
     sig.update({"stride_lb": "i32", "stride_lh": "i32", "seqlen_q": "i32", "seqlen_k": "i32",
-                "num_heads": "i32", "group_size": "i32", "qk_scale": "fp32"})
+                "num_heads": "i32", "group_size": "i32", "qk_scale": "fp32", "win_left": "i32", "win_right": "i32",
+                "cap2": "fp32"})
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "BLOCK_DO": piece[1],
                   "OUT_OFFSET": piece[0], "CAUSAL": causal, "IS_VARLEN": False, "WRITE_LSE": piece[0] == 0,
-                  "DOT_PRECISION": "tf32",
+                  "DOT_PRECISION": "tf32", "WINDOW_LEFT": False, "WINDOW_RIGHT": causal, "SOFTCAP": False,
                   **config.kwargs}
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs

@@ -135,6 +135,42 @@ def test_torch_path_gradcheck_float64():
                                     (q, k, v))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_path_window_and_softcap_float64(causal):
+    """The CPU path's blockwise form with FlashAttention's window and softcap equals the reference in float64
+    (forward, lse and gradients, GQA, T < S and T > S, varlen), and gradcheck holds."""
+    from lamina.reference import attention_ref
+
+    for t, s, window, softcap in ((9, 14, (3, -1), 2.0), (14, 9, (2, 4), 0.0), (12, 12, (-1, 1), 5.0)):
+        q, k, v = _qkv(2, t, s, 4, 2, 16, torch.float64, grad=True)
+        kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+        o, lse = prism_attention(q, k, v, backend="torch", **kw)
+        ro, rlse = attention_ref(q, k, v, **kw)
+        torch.testing.assert_close(o, ro, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse, rlse.float(), rtol=1e-6, atol=1e-6)
+        grads = torch.autograd.grad(o.square().sum(), (q, k, v))
+        refs = torch.autograd.grad(ro.square().sum(), (q, k, v))
+        for a, b in zip(grads, refs):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    cu_q, cu_k = torch.tensor([0, 5, 12]), torch.tensor([0, 8, 14])
+    q, k, v = _qkv(1, 12, 14, 2, 1, 16, torch.float64, grad=True)
+    kw = dict(causal=causal, window_size=(2, 1), softcap=3.0, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    torch.testing.assert_close(prism_attention(q, k, v, backend="torch", **kw), attention_ref(q, k, v, **kw))
+    q, k, v = _qkv(1, 6, 9, 2, 1, 16, torch.float64, grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: prism_attention(a, b, c, causal=causal, backend="torch",
+                                                                     window_size=(2, -1), softcap=1.5), (q, k, v))
+
+
+def test_window_and_softcap_change_the_result():
+    """A window and a cap each change what plain attention gives (the options reach the computation)."""
+    q, k, v = _qkv(1, 16, 16, 2, 2, 16, torch.float64)
+    plain = prism_attention(q, k, v, causal=True, backend="torch")
+    assert not torch.allclose(prism_attention(q, k, v, causal=True, backend="torch", window_size=(3, -1)), plain)
+    assert not torch.allclose(prism_attention(q, k, v, causal=True, backend="torch", softcap=0.5), plain)
+    # a window wider than the sequence is no window
+    torch.testing.assert_close(prism_attention(q, k, v, causal=True, backend="torch", window_size=(16, 16)), plain)
+
+
 @pytest.mark.versions
 def test_torch_compile_fullgraph_torch_backend():
     q, k, v = _qkv(2, 24, 40, 4, 2, 64, grad=True)

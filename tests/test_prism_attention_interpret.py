@@ -27,14 +27,19 @@ def _finite(lse: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
 
-def check_against_reference(b, t, s, h, hk, d, dtype, causal, cu_q=None, cu_k=None, lse_grad=False):
-    """Run the Triton path forward and backward and hold o, lse, dq, dk, dv to the attention bound."""
+def check_against_reference(b, t, s, h, hk, d, dtype, causal, cu_q=None, cu_k=None, lse_grad=False,
+                            zero_grads=False, **options):
+    """Run the Triton path forward and backward and hold o, lse, dq, dk, dv to the attention bound.
+    ``options``: window_size, softcap (passed to the op and the reference alike). ``zero_grads``: dq and dk
+    are 0 in exact math (every row sees one key), so their floor is taken at the call's largest gradient
+    (``assert_attention_close``'s ``scale``): the kernel's ``dP - rowsum(dO * O)`` leaves roundoff there,
+    as FlashAttention's does, while the naive reference cancels exactly."""
     q64 = torch.randn(b, t, h, d, dtype=torch.float64)
     k64 = torch.randn(b, s, hk, d, dtype=torch.float64)
     v64 = torch.randn(b, s, hk, d, dtype=torch.float64)
     do = torch.randn(b, t, h, d, dtype=torch.float64)
     dlse = torch.randn(b, h, t, dtype=torch.float64) if lse_grad else None
-    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **options)
 
     def run(fn, tensors, out_dtype):
         ins = [x.requires_grad_() for x in tensors]
@@ -55,8 +60,9 @@ def check_against_reference(b, t, s, h, hk, d, dtype, causal, cu_q=None, cu_k=No
     assert_attention_close("o", ours[0], ref[0], ref_low[0])
     assert_attention_close("lse", _finite(ours[1], ref[1]), _finite(ref[1], ref[1]),
                            _finite(ref_low[1].float(), ref[1]), dtype=dtype)
+    peak = max(r.abs().max().item() for r in ref[2]) if zero_grads else None
     for name, a, r, p in zip(("dq", "dk", "dv"), ours[2], ref[2], ref_low[2]):
-        assert_attention_close(name, a, r, p, grad=True)
+        assert_attention_close(name, a, r, p, grad=True, scale=peak)
 
 
 # (D, dtype, causal, T, S, H, HKV): every head-dim bucket and both non-power-of-two splits, T < S,
@@ -82,6 +88,38 @@ CASES = [
                               for c in CASES])
 def test_kernel_matches_reference(d, dtype, causal, t, s, h, hk):
     check_against_reference(1, t, s, h, hk, d, dtype, causal)
+
+
+# Sliding window and softcapping (FlashAttention's window_size and softcap), every head-dim bucket and both
+# non-power-of-two splits: (D, dtype, causal, T, S, window_size, softcap). Windows narrower than a key tile
+# (the interpreter's tiles are 32 x 16), left-only and two-sided, T > S and T < S, a window of one key.
+WINDOW_CASES = [
+    (16, torch.float32, True, 40, 40, (5, -1), 0.0),
+    (80, torch.bfloat16, False, 40, 56, (7, 3), 5.0),
+    (96, torch.float16, True, 48, 40, (20, -1), 10.0),
+    (128, torch.float32, False, 33, 47, (-1, 4), 0.0),
+    (128, torch.bfloat16, True, 40, 40, (0, 0), 0.0),
+    (256, torch.bfloat16, True, 40, 24, (9, -1), 3.0),
+    (320, torch.float32, False, 24, 40, (12, 12), 2.0),
+    (384, torch.bfloat16, True, 32, 48, (-1, -1), 8.0),
+    (512, torch.float16, False, 24, 40, (4, -1), 0.0),
+    (512, torch.bfloat16, True, 32, 32, (17, -1), 4.0),
+]
+
+
+@pytest.mark.parametrize("d, dtype, causal, t, s, window, softcap", WINDOW_CASES,
+                         ids=[f"D{c[0]}-{str(c[1])[6:]}-{'causal' if c[2] else 'full'}-T{c[3]}-S{c[4]}"
+                              f"-w{c[5][0]}_{c[5][1]}-cap{c[6]:g}" for c in WINDOW_CASES])
+def test_window_and_softcap_match_reference(d, dtype, causal, t, s, window, softcap):
+    check_against_reference(1, t, s, 2, 1, d, dtype, causal, window_size=window, softcap=softcap,
+                            zero_grads=causal and window[0] == 0)
+
+
+def test_window_and_softcap_varlen_gqa_and_lse_gradient():
+    cu_q, cu_k = _cu(17, 30, 9), _cu(17, 12, 35)
+    check_against_reference(1, 56, 64, 4, 2, 64, torch.float32, True, cu_q, cu_k, lse_grad=True,
+                            window_size=(6, -1), softcap=3.0)
+    check_against_reference(1, 56, 64, 4, 2, 64, torch.bfloat16, False, cu_q, cu_k, window_size=(3, 5))
 
 
 def test_batch_of_two_with_gqa():
@@ -119,7 +157,11 @@ def test_rows_without_keys_output_zero():
 def test_custom_op_opcheck_and_compile():
     q, k, v = torch.randn(1, 24, 2, 32), torch.randn(1, 40, 1, 32), torch.randn(1, 40, 1, 32)
     torch.library.opcheck(torch.ops.lamina.prism_attention_fwd.default,
-                          (q, k, v, None, None, 24, 40, True, 0.2), test_utils=("test_schema", "test_faketensor"))
+                          (q, k, v, None, None, 24, 40, True, 0.2, -1, -1, 0.0),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.lamina.prism_attention_fwd.default,
+                          (q, k, v, None, None, 24, 40, False, 0.2, 5, 3, 4.0),
+                          test_utils=("test_schema", "test_faketensor"))
     ins = [x.clone().requires_grad_() for x in (q, k, v)]
     fn = lambda a, b, c: prism_attention(a, b, c, causal=True, backend="triton")
     o = torch.compile(fn, fullgraph=True, backend="aot_eager")(*ins)

@@ -322,6 +322,9 @@ def _attention_target() -> Target:
         varlen([0, _T], [0, _T + 2], "cu_seqlens_k"), varlen([0, 1, _T], [0, _T], "cu_seqlens_k"),
         varlen([0, _T], [0, _T], "max_seqlen_q", max_seqlen_q=1),
         varlen([0, _T], [0, _T], "max_seqlen_k", max_seqlen_k="x"),
+        set_arg("window_size", (-2, 3)), set_arg("window_size", (4,)), set_arg("window_size", 4),
+        set_arg("window_size", (1.5, -1)), set_arg("softcap", -1.0), set_arg("softcap", float("nan")),
+        set_arg("softcap", "big"),
     )
     return Target("prism_attention", base, lambda kw: lamina.prism_attention(**kw), muts)
 

@@ -121,6 +121,9 @@ def _prism_attention_fwd_op(
     max_seqlen_k: int,
     causal: bool,
     scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from lamina.kernels.prism_attn_fwd import prism_attn_fwd
 
@@ -128,7 +131,8 @@ def _prism_attention_fwd_op(
     # split from a fused qkv projection is read in place). The backward writes dq, dk, dv with the
     # strides of q, k, v, so it takes contiguous inputs.
     return prism_attn_fwd(_unit_stride_last(q), _unit_stride_last(k), _unit_stride_last(v), causal, scale,
-                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, (window_left, window_right),
+                          softcap)
 
 
 def _unit_stride_last(x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +140,8 @@ def _unit_stride_last(x: torch.Tensor) -> torch.Tensor:
 
 
 @_prism_attention_fwd_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
+      softcap):
     batch, seqlen_q, num_heads, _ = q.shape
     return torch.empty_like(q), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
 
@@ -156,33 +161,35 @@ def _prism_attention_bwd_op(
     max_seqlen_k: int,
     causal: bool,
     scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from lamina.kernels.prism_attn_bwd import prism_attn_bwd
 
     return prism_attn_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(),
-                          lse, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dlse=dlse)
+                          lse, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dlse=dlse,
+                          window_size=(window_left, window_right), softcap=softcap)
 
 
 @_prism_attention_bwd_op.register_fake
-def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+      window_right, softcap):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *args = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale)
+    ctx.args = tuple(args)  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
 
 
 def _backward(ctx, do: torch.Tensor, dlse: torch.Tensor | None):
     q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    max_seqlen_q, max_seqlen_k, causal, scale = ctx.args
-    dq, dk, dv = _prism_attention_bwd_op(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, causal, scale)
-    # One gradient per input: q, k, v, then None for cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    # max_seqlen_k, causal, scale.
-    return dq, dk, dv, None, None, None, None, None, None
+    dq, dk, dv = _prism_attention_bwd_op(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+    # One gradient per input: q, k, v, then None for cu_seqlens_q, cu_seqlens_k and the 7 options.
+    return dq, dk, dv, *([None] * (2 + len(ctx.args)))
 
 
 _prism_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -270,13 +277,19 @@ def _attention_torch_sdpa(
 
 
 def _attention_torch_dense(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, need_lse: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, need_lse: bool = True,
+    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One batch of equal-length sequences: q [B, T, H, D], k/v [B, S, HKV, D] -> o, lse [B, H, T]."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    # Fused path unless lse is needed or some causal row sees no key (T > S): those rows must give 0.
-    if not need_lse and seqlen_q > 0 and seqlen_k > 0 and (not causal or seqlen_q <= seqlen_k):
+    plain = window_size == (-1, -1) and softcap == 0
+    # Fused path unless lse, a window or softcapping is asked for, or some causal row sees no key (T > S):
+    # those rows must give 0.
+    if plain and not need_lse and seqlen_q > 0 and seqlen_k > 0 and (not causal or seqlen_q <= seqlen_k):
         return _attention_torch_sdpa(q, k, v, causal, scale), None
+    left, right = window_size
+    if causal:
+        right = 0
     compute = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[2] // k.shape[2]
     qg = rearrange(q.to(compute), "b t (hk g) d -> b hk g t d", g=group)
@@ -287,9 +300,15 @@ def _attention_torch_dense(
     for start in range(0, seqlen_q, TORCH_QUERY_BLOCK):
         q_blk = qg[:, :, :, start:start + TORCH_QUERY_BLOCK]
         scores = torch.einsum("bhgtd,bhsd->bhgts", q_blk, kg) * scale
-        if causal:
-            rows = torch.arange(start, start + q_blk.shape[3], device=q.device)
-            visible = keys[None, :] <= rows[:, None] + (seqlen_k - seqlen_q)
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        if left >= 0 or right >= 0:
+            at = torch.arange(start, start + q_blk.shape[3], device=q.device)[:, None] + (seqlen_k - seqlen_q)
+            visible = torch.ones(q_blk.shape[3], seqlen_k, dtype=torch.bool, device=q.device)
+            if right >= 0:
+                visible &= keys[None, :] <= at + right
+            if left >= 0:
+                visible &= keys[None, :] >= at - left
             scores = scores.masked_fill(~visible, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         # Rows without a visible key: lse = -inf, probabilities 0, output 0.
@@ -312,15 +331,17 @@ def _attention_torch(
     scale: float,
     varlen: Varlen | None,
     need_lse: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if varlen is None:
-        return _attention_torch_dense(q, k, v, causal, scale, need_lse)
+        return _attention_torch_dense(q, k, v, causal, scale, need_lse, window_size, softcap)
     offs_q, offs_k = varlen.offsets_q, varlen.offsets_k
     outs, lses = [], []
     for n in range(len(offs_q) - 1):
         o_n, lse_n = _attention_torch_dense(
             q[:, offs_q[n]:offs_q[n + 1]], k[:, offs_k[n]:offs_k[n + 1]], v[:, offs_k[n]:offs_k[n + 1]],
-            causal, scale, need_lse,
+            causal, scale, need_lse, window_size, softcap,
         )
         outs.append(o_n)
         lses.append(lse_n)
@@ -342,6 +363,9 @@ def prism_attention(
     max_seqlen_k: int | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention for head dims 16..512 (multiples of 8), forward and backward.
 
@@ -359,13 +383,18 @@ def prism_attention(
         return_lse: also return the log-sum-exp of the scaled scores.
         backend: "auto", "triton" or "torch" (see ``lamina._dispatch``); "auto" on CUDA follows the
             dispatch table (``lamina.ops.attention_dispatch``, printed by ``lamina info``).
+        window_size: ``(left, right)``, FlashAttention's sliding window: query i, at key position
+            ``c = i + S - T``, sees only keys ``c - left <= j <= c + right``; -1 is no bound (with
+            ``causal`` the right bound is 0). Keyword-only.
+        softcap: FlashAttention's logit softcapping: scores become ``softcap * tanh(scores / softcap)``
+            before the softmax; 0 is off. Keyword-only. lse is that of the capped scores.
 
     Returns:
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
-        A query row that sees no key (causal with T > S) has o = 0 and lse = -inf.
+        A query row that sees no key (causal with T > S, or outside its window) has o = 0 and lse = -inf.
     """
     return prism_attention_with_layout(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                       max_seqlen_k, return_lse, backend)
+                                       max_seqlen_k, return_lse, backend, window_size=window_size, softcap=softcap)
 
 
 def prism_attention_with_layout(
@@ -381,21 +410,26 @@ def prism_attention_with_layout(
     return_lse: bool,
     backend: str,
     layout: Varlen | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``prism_attention``, positional, where a caller that already read and validated the offsets passes
     them as ``layout`` (a layer reads its ``cu_seqlens`` once per call; nothing here reads them again)."""
     varlen = _check_inputs(q, k, v, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout)
     causal = check_bool("causal", causal)
+    window_size, softcap = _check_window(window_size, softcap)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     path = select_backend("prism_attention", backend, [q, k, v, cu_seqlens_q, cu_seqlens_k])
     if q.shape[1] == 0 or k.shape[1] == 0:  # nothing to attend: no kernel launch (same result: empty, or o = 0)
         path = "torch"
     if path == "torch":
-        o, lse = _attention_torch(q, k, v, bool(causal), scale, varlen, need_lse=return_lse)
+        o, lse = _attention_torch(q, k, v, bool(causal), scale, varlen, return_lse, window_size, softcap)
     else:
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
-        if backend == "auto":  # outside paths are available on CUDA only (attention_dispatch.available)
+        # outside paths are available on CUDA only (attention_dispatch.available); windows and softcapping
+        # run on lamina's kernel
+        if backend == "auto" and window_size == (-1, -1) and softcap == 0:
             from lamina.ops import attention_dispatch as dispatch
 
             case = dispatch.case_of(q, k, v, causal, varlen is not None, return_lse)
@@ -403,8 +437,20 @@ def prism_attention_with_layout(
             if chosen != "lamina":
                 return dispatch.run(chosen, q, k, v, causal, scale)
         max_q, max_k = (q.shape[1], k.shape[1]) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
-        o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal), scale)
+        o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal), scale,
+                                         *window_size, softcap)
     return (o, lse) if return_lse else o
+
+
+def _check_window(window_size: object, softcap: object) -> tuple[tuple[int, int], float]:
+    """``window_size``: two ints >= -1 (FlashAttention's convention); ``softcap``: a finite number >= 0."""
+    ok = isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)
+    if not ok:
+        raise ValueError(f"window_size must be (left, right), two ints >= -1 (-1: no bound), got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    return (int(window_size[0]), int(window_size[1])), float(softcap)
 
 
 __all__ = ["prism_attention"]
