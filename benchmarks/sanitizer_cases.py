@@ -267,7 +267,8 @@ def decode_case(variant: str, mode: str, ext: bool = False) -> Callable:
     return run
 
 
-def prism_case(D: int, varlen: bool, causal: bool, H: int, HKV: int) -> Callable:
+def prism_case(D: int, varlen: bool, causal: bool, H: int, HKV: int, window_size: tuple[int, int] = (-1, -1),
+               softcap: float = 0.0) -> Callable:
     def run(setup: Setup):
         import torch
 
@@ -285,7 +286,8 @@ def prism_case(D: int, varlen: bool, causal: bool, H: int, HKV: int) -> Callable
             x["cu_seqlens_q"] = x["cu_seqlens_k"] = _cu(SEQLENS)
 
         def call(backend, **kw):
-            return {"o": lamina.prism_attention(causal=causal, backend=backend, **kw)}
+            return {"o": lamina.prism_attention(causal=causal, backend=backend, window_size=window_size,
+                                                softcap=softcap, **kw)}
 
         return compare(setup, call, x, setup.triton, grads=("q", "k", "v"))
     return run
@@ -438,6 +440,9 @@ CASES += [
     Case(f"prism_d{_WIDE}", _ATTN, prism_case(_WIDE, varlen=False, causal=False, H=2, HKV=2)),
     Case(f"prism_d{_NARROW}_varlen_gqa", _ATTN, prism_case(_NARROW, varlen=True, causal=True, H=4, HKV=1)),
     Case(f"prism_d{_WIDE}_varlen", _ATTN, prism_case(_WIDE, varlen=True, causal=True, H=2, HKV=1)),
+    # sliding window and softcap: key/query ranges cut on both sides, masked and unmasked blocks
+    Case(f"prism_d{_NARROW}_window_softcap", _ATTN,
+         prism_case(_NARROW, varlen=True, causal=False, H=4, HKV=2, window_size=(9, 4), softcap=5.0)),
     Case(f"prism_decode_paged_d{_NARROW}", (_DEC,), prism_decode_case(_NARROW, paged=True)),
     Case(f"prism_decode_d{_WIDE}", (_DEC,), prism_decode_case(_WIDE, paged=False)),
     Case("hrm_update", ("lamina.kernels.hrm_update",), hrm_case(token_gate=False)),
