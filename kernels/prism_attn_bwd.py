@@ -10,8 +10,9 @@ Three launches, with ``P = exp(S - lse)`` recomputed from the forward's log-sum-
 * ``_prism_attn_bwd_dq_kernel``: one program per query block, query head and output piece, looping
   over the visible key blocks: ``dQ += scale * dS K``.
 
-Causal masks, sliding windows (``window_size``) and softcapping follow the forward; in both kernels only the
-blocks a mask cuts (diagonal, window edges, ragged ends) are masked, the blocks wholly inside are not.
+Causal masks, sliding windows (``window_size``) and softcapping follow the forward. Both kernels visit only the
+blocks the window reaches; dQ masks only the key blocks a mask cuts (diagonal, window edges, ragged ends),
+dK/dV masks every query block (an unmasked variant spilled, see the kernel).
 
 Head-dim reductions (``Q K^T``, ``dO V^T``) run over chunks of ``BLOCK_DC`` columns; the outputs
 are written one piece per launch (``prism_attn_common``), as in the forward.
@@ -203,41 +204,20 @@ def _prism_attn_bwd_dkdv_kernel(
         m_begin = (tl.maximum(n0 - diag - win_right, 0) // BLOCK_M) * BLOCK_M
     if WINDOW_LEFT:
         m_end = tl.maximum(tl.minimum(n0 + BLOCK_N - diag + win_left, len_q), 0)
-    # Query blocks that see every key of this block (and lie inside the sequence) skip the mask: rows from
-    # n0 + BLOCK_N - 1 - diag - win_right (right bound) to n0 - diag + win_left (left bound).
-    full_m_lo = m_begin
-    full_m_hi = (len_q // BLOCK_M) * BLOCK_M
-    if WINDOW_RIGHT:
-        lowest = tl.maximum(n0 + BLOCK_N - 1 - diag - win_right, 0)
-        full_m_lo = tl.maximum(((lowest + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_begin)
-    if WINDOW_LEFT:
-        highest = tl.maximum(n0 - diag + win_left + 1, 0)  # one past the last row that sees key n0
-        full_m_hi = (tl.minimum(highest, len_q) // BLOCK_M) * BLOCK_M
-    full_m_hi = tl.maximum(full_m_hi, full_m_lo)
     for g in range(0, group_size):
         head = kv_head * group_size + g
         q_head = Q + batch * stride_qb + bos_q * stride_qt + head * stride_qh
         do_head = DO + batch * stride_db + bos_q * stride_dt + head * stride_dh
         lse_head = LSE + batch * stride_lb + head * stride_lh + bos_q
         delta_head = DELTA + batch * stride_lb + head * stride_lh + bos_q
-        for start_m in range(m_begin, tl.minimum(full_m_lo, m_end), BLOCK_M):
+        # Every query block masked: an unmasked copy of this loop (query blocks that see the whole key block)
+        # made the compiler keep more live and spill at D = 64 and 128 (sm_90: 48 and 20 STL).
+        for start_m in range(m_begin, m_end, BLOCK_M):
             dk, dv = _dkdv_query_block(
                 dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
-                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
-                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, DOT_PRECISION)
-        for start_m in range(full_m_lo, full_m_hi, BLOCK_M):
-            dk, dv = _dkdv_query_block(
-                dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
-                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
-                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, DOT_PRECISION)
-        for start_m in range(full_m_hi, m_end, BLOCK_M):
-            dk, dv = _dkdv_query_block(
-                dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
-                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right, cap2,
-                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, DOT_PRECISION)
+                rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right,
+                cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT,
+                WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
     store_tile(dk_blk, dk * sm_scale, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
     store_tile(dv_blk, dv, stride_vt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
 

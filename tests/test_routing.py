@@ -291,18 +291,30 @@ def test_decoding_with_routing_equals_the_full_forward(layer, routing, torch_pat
 @pytest.mark.interpret
 @pytest.mark.parametrize("routing", ["clvr", "cler"])
 def test_routed_stack_under_the_interpreter_matches_pytorch(routing, monkeypatch):
+    """The Triton path (fp32, interpreted: the state pass's v_new store and the dv_new term of its backward)
+    against the same model in float64 on the PyTorch path: logits and every parameter's gradient within the
+    fp32 table, or within 3x the error of the same model's fp32 PyTorch path (FlashAttention's rule,
+    ``assert_close(baseline=)``): a whole LM's gradients carry more fp32 roundoff than one op's (measured at
+    KDA, 2 blocks: embedding gradient RMS ratio 6.7e-5 on the PyTorch path without routing, 1.4e-4 Triton)."""
     model = _lm("KimiDeltaAttention", routing, dtype=torch.float32)
     with torch.no_grad():
         for r in model.routers:
             r.weight.normal_(0, 0.3)
     ids = torch.randint(0, 40, (1, 9), generator=torch.Generator().manual_seed(3))
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
+
+    def run(m):
+        m.zero_grad()
+        out = m(ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach().clone(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+    logits, grads = run(model)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    ref = model(ids, labels=ids)
-    ref.loss.backward()
-    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-3, atol=1e-5, msg=name)
+    base_logits, base_grads = run(model)
+    ref_model = _lm("KimiDeltaAttention", routing)
+    ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    ref_logits, ref_grads = run(ref_model)
+    assert_close("logits", logits, ref_logits, baseline=base_logits)
+    scale = gradient_scale(list(ref_grads.values()))
+    for name, grad in grads.items():
+        assert_close(f"d {name}", grad, ref_grads[name], scale=scale, baseline=base_grads[name])
