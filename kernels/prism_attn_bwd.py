@@ -110,43 +110,35 @@ def _dkdv_query_block(dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_h
                       offs_out, rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left,
                       win_right, cap2, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_DC: tl.constexpr, KV_RESIDENT: tl.constexpr, MASK_OUT_COLS: tl.constexpr,
-                      MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+                      WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                       SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Add query block ``[start_m, start_m + BLOCK_M)`` to dK and dV of the key block. Without ``MASKED`` every
-    query row is in the sequence and sees every key of the block (key rows past the sequence only write rows
-    that are not stored)."""
+    """Add query block ``[start_m, start_m + BLOCK_M)`` to dK and dV of the key block, masked (rows past the
+    sequence, keys past it, the causal/window bounds)."""
     q_blk = q_head + start_m * stride_qt.to(tl.int64)
     do_blk = do_head + start_m * stride_dt.to(tl.int64)
     rows_q = len_q - start_m
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    if MASKED:
-        row_ok = offs_m < len_q
-        lse = tl.load(lse_head + offs_m, mask=row_ok, other=0.0) * LOG2E_C
-        delta = tl.load(delta_head + offs_m, mask=row_ok, other=0.0)
-    else:
-        lse = tl.load(lse_head + offs_m) * LOG2E_C
-        delta = tl.load(delta_head + offs_m)
+    row_ok = offs_m < len_q
+    lse = tl.load(lse_head + offs_m, mask=row_ok, other=0.0) * LOG2E_C
+    delta = tl.load(delta_head + offs_m, mask=row_ok, other=0.0)
     # Transposed tiles [BLOCK_N, BLOCK_M]: keys along rows, queries along columns.
     s_t = head_dot(k_res, k_blk, stride_kt, rows_k, q_blk, stride_qt, rows_q,
-                   BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, MASKED, DOT_PRECISION, True) * qk_scale
+                   BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True) * qk_scale
     if SOFTCAP:
         t_t = tanh(s_t / cap2)
         s_t = cap2 * t_t
-    if MASKED:
-        visible = (offs_m < len_q)[None, :] & (offs_n[:, None] < len_k) & window_visible(
-            offs_m[None, :], offs_n[:, None], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
-        # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
-        p_t = tl.where(visible, tl.math.exp2(s_t - lse[None, :]), 0.0)
-    else:
-        p_t = tl.math.exp2(s_t - lse[None, :])
-    do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, MASKED, MASK_OUT_COLS)
+    visible = row_ok[None, :] & (offs_n[:, None] < len_k) & window_visible(
+        offs_m[None, :], offs_n[:, None], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
+    # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
+    p_t = tl.where(visible, tl.math.exp2(s_t - lse[None, :]), 0.0)
+    do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
     dv = tl.dot(p_t.to(do_out.dtype), do_out, dv, input_precision=DOT_PRECISION)
     dp_t = head_dot(v_res, v_blk, stride_vt, rows_k, do_blk, stride_dt, rows_q,
-                    BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, MASKED, DOT_PRECISION, True)
+                    BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_DC, KV_RESIDENT, True, DOT_PRECISION, True)
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:  # through cap * tanh(s / cap): d/ds = 1 - tanh^2
         ds_t = ds_t * (1.0 - t_t * t_t)
-    q_out = load_tile(q_blk, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM, MASKED, MASK_OUT_COLS)
+    q_out = load_tile(q_blk, stride_qt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
     dk = tl.dot(ds_t.to(q_out.dtype), q_out, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
@@ -216,8 +208,8 @@ def _prism_attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_query_block(
                 dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
                 rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right,
-                cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, True, WINDOW_LEFT,
-                WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
+                cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP, DOT_PRECISION)
     store_tile(dk_blk, dk * sm_scale, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
     store_tile(dv_blk, dv, stride_vt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
 
