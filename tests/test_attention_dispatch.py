@@ -128,3 +128,74 @@ def test_prism_attention_auto_takes_the_tables_path(monkeypatch):
     assert calls == ["sdpa-math"]
     assert_close("o (lamina, lse)", o_lamina, ref)
     assert_close("o (lamina, causal)", o_causal, attention_ref(q.double(), k.double(), v.double(), causal=True))
+
+
+def test_windows_and_softcapping_go_to_flash_attention_only():
+    """A windowed or softcapped call follows the plain case's entry only when it names FlashAttention
+    (SDPA has neither option); otherwise lamina's kernel."""
+    flash = dispatch.DispatchTable({dispatch.table_key("bf16", 128, True, "fwd+bwd"): "flash-attn"})
+    sdpa = dispatch.DispatchTable({dispatch.table_key("bf16", 128, True, "fwd+bwd"): "sdpa-cudnn"})
+    for options in ({"window": True}, {"softcap": True}, {"window": True, "softcap": True}):
+        assert dispatch.choose(_case(**options), flash, ALL) == "flash-attn"
+        assert dispatch.choose(_case(**options), sdpa, ALL) == "lamina"
+        assert dispatch.choose(_case(**options, varlen=True), flash, ALL) == "lamina"
+    assert dispatch.choose(_case(), sdpa, ALL) == "sdpa-cudnn"
+    with pytest.raises(ValueError, match="no sliding window"):
+        dispatch.run("sdpa-math", *(torch.zeros(1, 4, 1, 16) for _ in range(3)), False, 0.25, window_size=(2, 0))
+
+
+def test_case_of_reads_the_window_and_softcap():
+    q = torch.zeros(1, 8, 2, 32)
+    assert not dispatch.case_of(q, q, q, True, False, False).window
+    case = dispatch.case_of(q, q, q, True, False, False, (16, 0), 0.0)
+    assert case.window and not case.softcap
+    assert dispatch.case_of(q, q, q, False, False, False, (-1, -1), 30.0).softcap
+
+
+@pytest.mark.parametrize("text,parsed", [("2.6.3", (2, 6, 3)), ("2.8.0.post2", (2, 8, 0)),
+                                         ("2.7.4+cu12torch2.6", (2, 7, 4)), ("3.0.0b1", (3, 0, 0))])
+def test_flash_attention_version_parse(monkeypatch, text, parsed):
+    monkeypatch.setattr(dispatch.importlib.metadata, "version", lambda dist: text)
+    assert dispatch._version("flash-attn") == parsed
+
+
+def test_flash_attention_older_than_2_6_is_not_a_path(monkeypatch):
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda name: object())
+    for text, expected in (("2.5.9", False), ("2.6.0", True)):
+        monkeypatch.setattr(dispatch.importlib.metadata, "version", lambda dist, text=text: text)
+        dispatch.available.cache_clear()
+        try:
+            assert ("flash-attn" in dispatch.available("cuda")) is expected, text
+        finally:
+            dispatch.available.cache_clear()
+
+
+@pytest.mark.interpret
+def test_windowed_softcapped_auto_call_passes_both_to_flash_attention(monkeypatch):
+    """prism_attention(backend="auto") with a window and softcap, where the (fake) table names FlashAttention:
+    a stand-in flash_attn module receives window_size, softcap, causal and the scale unchanged (it answers
+    with the float64 reference); an SDPA entry keeps lamina's kernel (interpreted), same result."""
+    import sys
+    import types
+
+    received = []
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+        received.append((softmax_scale, causal, window_size, softcap))
+        return attention_ref(q.double(), k.double(), v.double(), causal=causal, scale=softmax_scale,
+                             window_size=window_size, softcap=softcap).to(q.dtype)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_func=flash_attn_func))
+    monkeypatch.setattr(dispatch, "available", lambda device_type: ALL)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 48, 4, 32, generator=gen, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 48, 2, 32, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    ref = attention_ref(q.double(), k.double(), v.double(), causal=True, scale=0.2, window_size=(7, -1),
+                        softcap=5.0)
+    for entry in ("flash-attn", "sdpa-flash"):
+        table = dispatch.DispatchTable({dispatch.table_key("bf16", 32, True, "fwd"): entry}, "fake")
+        monkeypatch.setattr(dispatch, "load_table", lambda table=table: table)
+        with torch.no_grad():
+            o = prism_attention(q, k, v, causal=True, scale=0.2, window_size=(7, -1), softcap=5.0)
+        assert_close(f"o ({entry} entry)", o, ref)
+    assert received == [(0.2, True, (7, -1), 5.0)]

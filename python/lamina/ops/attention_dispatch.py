@@ -10,11 +10,15 @@ causal, forward or forward+backward) the fastest path of that sweep. A case the 
 What each outside path is allowed to run, so that results keep ``prism_attention``'s semantics:
 
 * no varlen (``cu_seqlens``) and no ``return_lse``: lamina's kernel runs those;
+* a sliding window (``window_size``) or softcapping (``softcap``): FlashAttention only (the same names and
+  semantics), and only where the table names FlashAttention for the same case without them (the sweep
+  times the plain case); elsewhere lamina's kernel, since SDPA has neither option;
 * causal only when ``T == S`` for SDPA (its ``is_causal`` aligns top-left; lamina and FlashAttention
   >= 2.1 align bottom-right: the same mask when ``T == S``);
 * FlashAttention and SDPA's flash and cuDNN backends: float16/bfloat16 only; head dims as the sweep
   found them to run (a path that failed at a head dim in the sweep is never in the table there);
-* GQA through SDPA's ``enable_gqa`` and FlashAttention's native key heads.
+* GQA through SDPA's ``enable_gqa`` and FlashAttention's native key heads;
+* FlashAttention from 2.6 (softcapping; causal masks aligned bottom-right since 2.1, windows since 2.3).
 
 The table ships as ``lamina/data/attention_dispatch.json`` once a GPU sweep is committed; without it
 every call takes lamina's kernel (``lamina info`` says which). ``LAMINA_ATTENTION_TABLE=path`` loads
@@ -24,6 +28,7 @@ another table (a sweep's own output, before it is committed).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -34,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lamina._versions import release
+
 PATHS = ("lamina", "flash-attn", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
@@ -43,6 +50,7 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 TABLE_FILE = Path(__file__).resolve().parent.parent / "data" / "attention_dispatch.json"
 TABLE_ENV = "LAMINA_ATTENTION_TABLE"
 SCHEMA = 1
+FLASH_ATTN_OLDEST = (2, 6)
 
 
 @dataclass(frozen=True)
@@ -57,16 +65,19 @@ class Case:
     varlen: bool
     need_lse: bool
     needs_grad: bool
+    window: bool = False
+    softcap: bool = False
 
     @property
     def mode(self) -> str:
         return "fwd+bwd" if self.needs_grad else "fwd"
 
 
-def case_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, varlen: bool, need_lse: bool) -> Case:
+def case_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, varlen: bool, need_lse: bool,
+            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     return Case(DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.shape[-1], bool(causal), q.shape[1], k.shape[1],
-                bool(varlen), bool(need_lse), needs_grad)
+                bool(varlen), bool(need_lse), needs_grad, tuple(window_size) != (-1, -1), softcap > 0)
 
 
 def table_key(dtype: str, head_dim: int, causal: bool, mode: str) -> str:
@@ -117,9 +128,17 @@ def available(device_type: str) -> frozenset[str]:
     if device_type != "cuda":
         return frozenset({"lamina"})
     paths = {"lamina", *SDPA_BACKENDS}
-    if importlib.util.find_spec("flash_attn") is not None:
+    if importlib.util.find_spec("flash_attn") is not None and _version("flash-attn") >= FLASH_ATTN_OLDEST:
         paths.add("flash-attn")
     return frozenset(paths)
+
+
+def _version(dist: str) -> tuple[int, ...]:
+    """An installed distribution's numeric release; () when it is not installed."""
+    try:
+        return release(importlib.metadata.version(dist))
+    except importlib.metadata.PackageNotFoundError:
+        return ()
 
 
 def unsupported(path: str, case: Case) -> str | None:
@@ -132,6 +151,8 @@ def unsupported(path: str, case: Case) -> str | None:
         return "varlen (cu_seqlens) runs on lamina's kernel"
     if case.need_lse:
         return "return_lse runs on lamina's kernel"
+    if (case.window or case.softcap) and path != "flash-attn":
+        return "a window or softcapping runs on lamina's kernel or FlashAttention"
     if path in HALF_ONLY and case.dtype not in ("fp16", "bf16"):
         return f"{path} takes float16/bfloat16, got {case.dtype}"
     if path.startswith("sdpa") and case.causal and case.seqlen_q != case.seqlen_k:
@@ -147,14 +168,19 @@ def choose(case: Case, table: DispatchTable, paths: frozenset[str]) -> str:
     return path
 
 
-def run(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """Attention of ``[B, T, H, D]`` q and ``[B, S, HKV, D]`` k, v through an outside ``path`` (differentiable)."""
+def run(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
+    """Attention of ``[B, T, H, D]`` q and ``[B, S, HKV, D]`` k, v through an outside ``path`` (differentiable);
+    ``window_size`` and ``softcap`` (FlashAttention's arguments) on ``"flash-attn"`` only."""
     if path == "flash-attn":
         from flash_attn import flash_attn_func
 
-        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=tuple(window_size),
+                               softcap=softcap)
     if path not in SDPA_BACKENDS:
         raise ValueError(f"path must be one of {tuple(SDPA_BACKENDS)} or 'flash-attn', got {path!r}")
+    if tuple(window_size) != (-1, -1) or softcap:
+        raise ValueError(f"{path}: SDPA has no sliding window or softcapping; run them on 'flash-attn' or lamina")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))

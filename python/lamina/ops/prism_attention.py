@@ -427,15 +427,14 @@ def prism_attention_with_layout(
     else:
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
-        # outside paths are available on CUDA only (attention_dispatch.available); windows and softcapping
-        # run on lamina's kernel
-        if backend == "auto" and window_size == (-1, -1) and softcap == 0:
+        # outside paths are available on CUDA only (attention_dispatch.available)
+        if backend == "auto":
             from lamina.ops import attention_dispatch as dispatch
 
-            case = dispatch.case_of(q, k, v, causal, varlen is not None, return_lse)
+            case = dispatch.case_of(q, k, v, causal, varlen is not None, return_lse, window_size, softcap)
             chosen = dispatch.choose(case, dispatch.load_table(), dispatch.available(q.device.type))
             if chosen != "lamina":
-                return dispatch.run(chosen, q, k, v, causal, scale)
+                return dispatch.run(chosen, q, k, v, causal, scale, window_size, softcap)
         max_q, max_k = (q.shape[1], k.shape[1]) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
         o, lse = _prism_attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal), scale,
                                          *window_size, softcap)
