@@ -27,13 +27,14 @@ import triton.language as tl
 from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, raw_jit, register_aot
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
+    AOT_OPTIONS,
     LOG2E,
     LOG2E_C,
     all_configs,
     aot_attrs,
+    aot_launches,
     config_label,
     dot_precision,
-    head_dim_bucket,
     head_dot,
     keep_bucket_configs,
     key_range,
@@ -66,6 +67,21 @@ DQ_CONFIGS: dict[int, list[triton.Config]] = {
     256: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
     512: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
 }
+# With a window or softcapping, where the plain tile spilled in the static report (every flag on,
+# Triton 3.6 or 3.9): dK/dV at D <= 64, 64 x 64 spilled 5 STL on sm_80 and 32 x 64 over two
+# stages 9 STL under Triton 3.6; 32 x 64 over one stage does not (218 registers on sm_80, <= 172 on sm_90);
+# above 128, 32 x 64 spilled 4 STL on sm_80 (with one stage too) and 16 x 64 over two stages 2 STL at
+# D = 192; 16 x 64 over one stage does not (255 / 238 registers); dQ at D <= 64,
+# 128 x 64 spilled 14 STL on sm_80, 64 x 64 does not (215 / 167 registers).
+DKDV_OPTION_CONFIGS: dict[int, list[triton.Config]] = {
+    64: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
+    128: DKDV_CONFIGS[128],
+    256: [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
+}
+DKDV_OPTION_CONFIGS[512] = DKDV_OPTION_CONFIGS[256]
+DQ_OPTION_CONFIGS: dict[int, list[triton.Config]] = {**DQ_CONFIGS, 64: DQ_CONFIGS[128]}
+DKDV_TABLES = (DKDV_CONFIGS, DKDV_OPTION_CONFIGS)
+DQ_TABLES = (DQ_CONFIGS, DQ_OPTION_CONFIGS)
 # Under the interpreter: tiles smaller than the test sequences, with BLOCK_M != BLOCK_N.
 DKDV_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
 DQ_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
@@ -319,12 +335,12 @@ def _prism_attn_bwd_dq_kernel(
 
 _KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN", "WINDOW_LEFT", "WINDOW_RIGHT", "SOFTCAP"]
 _dkdv_tuned = autotune(
-    all_configs(DKDV_CONFIGS), key=_KEY, interpret_config=DKDV_INTERPRET_CONFIG,
-    prune_configs_by={"early_config_prune": keep_bucket_configs(DKDV_CONFIGS)},
+    all_configs(DKDV_TABLES), key=_KEY, interpret_config=DKDV_INTERPRET_CONFIG,
+    prune_configs_by={"early_config_prune": keep_bucket_configs(DKDV_TABLES)},
 )(_prism_attn_bwd_dkdv_kernel)
 _dq_tuned = autotune(
-    all_configs(DQ_CONFIGS), key=_KEY, interpret_config=DQ_INTERPRET_CONFIG,
-    prune_configs_by={"early_config_prune": keep_bucket_configs(DQ_CONFIGS)},
+    all_configs(DQ_TABLES), key=_KEY, interpret_config=DQ_INTERPRET_CONFIG,
+    prune_configs_by={"early_config_prune": keep_bucket_configs(DQ_TABLES)},
 )(_prism_attn_bwd_dq_kernel)
 
 
@@ -401,8 +417,8 @@ def prism_attn_bwd(
     return dq, dk, dv
 
 
-def _aot_signature(kernel: str, dtype: str, head_dim: int, piece: tuple[int, int],
-                   config: triton.Config | None, causal: bool = True) -> tuple[dict, dict]:
+def _aot_signature(kernel: str, dtype: str, head_dim: int, piece: tuple[int, int], config: triton.Config | None,
+                   options: tuple[bool, tuple[int, int], float] = AOT_OPTIONS[""]) -> tuple[dict, dict]:
     ptr = f"*{dtype}"
     if kernel == "preprocess":
         sig = {"O": ptr, "DO": ptr, "DELTA": "*fp32", "CU_Q": "*i32"}
@@ -419,8 +435,8 @@ def _aot_signature(kernel: str, dtype: str, head_dim: int, piece: tuple[int, int
         scalars = {"seqlen_q": "i32", "seqlen_k": "i32", heads: "i32", "group_size": "i32",
                    "qk_scale": "fp32", "sm_scale": "fp32", "win_left": "i32", "win_right": "i32", "cap2": "fp32"}
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "BLOCK_DO": piece[1],
-                      "OUT_OFFSET": piece[0], "CAUSAL": causal, "IS_VARLEN": False, "DOT_PRECISION": "tf32",
-                      "WINDOW_LEFT": False, "WINDOW_RIGHT": causal, "SOFTCAP": False, **config.kwargs}
+                      "OUT_OFFSET": piece[0], "CAUSAL": options[0], "IS_VARLEN": False, "DOT_PRECISION": "tf32",
+                      **window_args(*options)[1], **config.kwargs}
     for name in names:
         sig.update({f"stride_{name}b": "i32", f"stride_{name}t": "i32", f"stride_{name}h": "i32"})
     sig.update({"stride_lb": "i32", "stride_lh": "i32", **scalars})
@@ -441,18 +457,17 @@ def _register_static_report() -> None:
             signature=sig, constexprs=constexprs, num_warps=PREPROCESS_WARPS, num_stages=1,
             uses_dot=False, meta={"attrs": aot_attrs(fn, sig)},
         ))
-        for kernel, table in (("dkdv", DKDV_CONFIGS), ("dq", DQ_CONFIGS)):
+        for kernel, tables in (("dkdv", DKDV_TABLES), ("dq", DQ_TABLES)):
             fn = raw_jit(_KERNELS[kernel])
-            for config in table[head_dim_bucket(head_dim)]:
-                for piece in output_pieces(head_dim):
-                    sig, constexprs = _aot_signature(kernel, "bf16", head_dim, piece, config)
-                    register_aot(AotSpec(
-                        name=f"prism_attn_bwd_{kernel}", config=config_label(head_dim, piece, config),
-                        fn=fn, signature=sig, constexprs=constexprs, num_warps=config.num_warps,
-                        num_stages=config.num_stages, uses_dot=True, meta={"attrs": aot_attrs(fn, sig)},
-                    ))
+            for suffix, options, config, piece in aot_launches(tables, head_dim):
+                sig, constexprs = _aot_signature(kernel, "bf16", head_dim, piece, config, options)
+                register_aot(AotSpec(
+                    name=f"prism_attn_bwd_{kernel}", config=config_label(head_dim, piece, config) + suffix,
+                    fn=fn, signature=sig, constexprs=constexprs, num_warps=config.num_warps,
+                    num_stages=config.num_stages, uses_dot=True, meta={"attrs": aot_attrs(fn, sig)},
+                ))
 
 
 _register_static_report()
 
-__all__ = ["DKDV_CONFIGS", "DQ_CONFIGS", "prism_attn_bwd"]
+__all__ = ["DKDV_CONFIGS", "DKDV_OPTION_CONFIGS", "DQ_CONFIGS", "DQ_OPTION_CONFIGS", "prism_attn_bwd"]

@@ -86,21 +86,47 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def keep_bucket_configs(table: dict[int, list[triton.Config]]):
-    """Autotune ``early_config_prune``: keep the configs listed for the launch's head-dim bucket."""
+def uses_options(causal: bool, window_left: bool, window_right: bool, softcap: bool) -> bool:
+    """Whether a launch's flags ask for a window or softcapping (causal alone sets ``WINDOW_RIGHT``)."""
+    return bool(window_left or softcap or (window_right and not causal))
+
+
+def launch_configs(tables: tuple[dict[int, list[triton.Config]], dict[int, list[triton.Config]]], head_dim: int,
+                   with_options: bool) -> list[triton.Config]:
+    """The configs a launch may take: ``tables`` = (plain calls, calls with a window or softcapping), per
+    head-dim bucket. The launchers' autotune pruning and the static report's registrations both read this."""
+    return tables[bool(with_options)][head_dim_bucket(head_dim)]
+
+
+def keep_bucket_configs(tables: tuple[dict[int, list[triton.Config]], dict[int, list[triton.Config]]]):
+    """Autotune ``early_config_prune``: keep the configs ``launch_configs`` lists for the launch."""
 
     def prune(configs, named_args, **kwargs):
         if INTERPRET:
             return list(configs)
-        head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-        allowed = {id(c) for c in table[head_dim_bucket(head_dim)]}
+        flag = lambda name: kwargs.get(name, named_args.get(name))  # noqa: E731
+        options = uses_options(flag("CAUSAL"), flag("WINDOW_LEFT"), flag("WINDOW_RIGHT"), flag("SOFTCAP"))
+        allowed = {id(c) for c in launch_configs(tables, flag("HEAD_DIM"), options)}
         return [c for c in configs if id(c) in allowed]
 
     return prune
 
 
-def all_configs(table: dict[int, list[triton.Config]]) -> list[triton.Config]:
-    return [c for bucket in sorted(table) for c in table[bucket]]
+def aot_launches(tables: tuple[dict[int, list[triton.Config]], dict[int, list[triton.Config]]], head_dim: int):
+    """``(label suffix, call options, config, output piece)`` of each launch the static report compiles at
+    ``head_dim``: every ``AOT_OPTIONS`` entry, with the configs ``launch_configs`` gives its flags."""
+    for suffix, options in AOT_OPTIONS.items():
+        flags = window_args(*options)[1]
+        with_options = uses_options(options[0], flags["WINDOW_LEFT"], flags["WINDOW_RIGHT"], flags["SOFTCAP"])
+        for config in launch_configs(tables, head_dim, with_options):
+            for piece in output_pieces(head_dim):
+                yield suffix, options, config, piece
+
+
+def all_configs(tables: tuple[dict[int, list[triton.Config]], ...]) -> list[triton.Config]:
+    """Every config of ``tables``, each once (a table may share configs with another)."""
+    unique = {id(c): c for table in tables for bucket in sorted(table) for c in table[bucket]}
+    return list(unique.values())
 
 
 def config_label(head_dim: int, piece: tuple[int, int], config: triton.Config) -> str:
@@ -121,6 +147,10 @@ def aot_attrs(fn, signature: dict[str, str]) -> dict:
 
 # Head dims registered with the static report: one per bucket, plus the non-power-of-two splits.
 AOT_HEAD_DIMS = (64, 128, 192, 256, 320, 512)
+# Call options registered with the static report, by label suffix: (causal, window_size, softcap). The
+# plain causal call, and the one that turns every flag on (both window bounds and softcapping), whose code
+# holds every other combination's.
+AOT_OPTIONS = {"": (True, (-1, -1), 0.0), "-window-softcap": (False, (128, 64), 30.0)}
 
 
 @triton.jit

@@ -19,13 +19,14 @@ import triton.language as tl
 from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, raw_jit, register_aot
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
+    AOT_OPTIONS,
     LN2_C,
     LOG2E,
     all_configs,
     aot_attrs,
+    aot_launches,
     config_label,
     dot_precision,
-    head_dim_bucket,
     head_dot,
     keep_bucket_configs,
     key_range,
@@ -52,6 +53,17 @@ FWD_CONFIGS: dict[int, list[triton.Config]] = {
     256: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
     512: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2)],
 }
+# With a window or softcapping (their masks and tanh hold more registers): where the plain tile spilled
+# in the static report (Triton 3.9, every flag on), a smaller one. D <= 128: 128 x 64 spilled 1 STL on
+# sm_80 (255 registers), 64 x 64 over 8 warps uses 179 (sm_80) / 210 (sm_90); D <= 256: 64 x 64 spilled
+# 18 STL on sm_90, 64 x 32 does not (229 / 254 registers).
+FWD_OPTION_CONFIGS: dict[int, list[triton.Config]] = {
+    64: FWD_CONFIGS[64],
+    128: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=3)],
+    256: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=2)],
+    512: FWD_CONFIGS[512],
+}
+FWD_TABLES = (FWD_CONFIGS, FWD_OPTION_CONFIGS)
 # Under the interpreter: small tiles so that the short test sequences span several blocks, with
 # BLOCK_M != BLOCK_N so that block-boundary arithmetic is exercised.
 FWD_INTERPRET_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
@@ -170,8 +182,8 @@ def _prism_attn_fwd_kernel(
 
 _KEY = ["HEAD_DIM", "BLOCK_DO", "OUT_OFFSET", "CAUSAL", "IS_VARLEN", "WINDOW_LEFT", "WINDOW_RIGHT", "SOFTCAP"]
 _prism_attn_fwd_tuned = autotune(
-    all_configs(FWD_CONFIGS), key=_KEY, interpret_config=FWD_INTERPRET_CONFIG,
-    prune_configs_by={"early_config_prune": keep_bucket_configs(FWD_CONFIGS)},
+    all_configs(FWD_TABLES), key=_KEY, interpret_config=FWD_INTERPRET_CONFIG,
+    prune_configs_by={"early_config_prune": keep_bucket_configs(FWD_TABLES)},
 )(_prism_attn_fwd_kernel)
 
 
@@ -231,7 +243,7 @@ def prism_attn_fwd(
 
 
 def _aot_signature(dtype: str, head_dim: int, piece: tuple[int, int], config: triton.Config,
-                   causal: bool = True) -> tuple[dict, dict]:
+                   options: tuple[bool, tuple[int, int], float] = AOT_OPTIONS[""]) -> tuple[dict, dict]:
     ptr = f"*{dtype}"
     sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32"}
     for name in ("q", "k", "v", "o"):
@@ -240,27 +252,25 @@ def _aot_signature(dtype: str, head_dim: int, piece: tuple[int, int], config: tr
                 "num_heads": "i32", "group_size": "i32", "qk_scale": "fp32", "win_left": "i32", "win_right": "i32",
                 "cap2": "fp32"})
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_DC": reduction_chunk(head_dim), "BLOCK_DO": piece[1],
-                  "OUT_OFFSET": piece[0], "CAUSAL": causal, "IS_VARLEN": False, "WRITE_LSE": piece[0] == 0,
-                  "DOT_PRECISION": "tf32", "WINDOW_LEFT": False, "WINDOW_RIGHT": causal, "SOFTCAP": False,
-                  **config.kwargs}
+                  "OUT_OFFSET": piece[0], "CAUSAL": options[0], "IS_VARLEN": False, "WRITE_LSE": piece[0] == 0,
+                  "DOT_PRECISION": "tf32", **window_args(*options)[1], **config.kwargs}
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
 
 
 def _register_static_report() -> None:
+    fn = raw_jit(_prism_attn_fwd_kernel)
     for head_dim in AOT_HEAD_DIMS:
-        for config in FWD_CONFIGS[head_dim_bucket(head_dim)]:
-            for piece in output_pieces(head_dim):
-                sig, constexprs = _aot_signature("bf16", head_dim, piece, config)
-                fn = raw_jit(_prism_attn_fwd_kernel)
-                register_aot(AotSpec(
-                    name="prism_attn_fwd", config=config_label(head_dim, piece, config),
-                    fn=fn, signature=sig, constexprs=constexprs,
-                    num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=True,
-                    meta={"attrs": aot_attrs(fn, sig)},
-                ))
+        for suffix, options, config, piece in aot_launches(FWD_TABLES, head_dim):
+            sig, constexprs = _aot_signature("bf16", head_dim, piece, config, options)
+            register_aot(AotSpec(
+                name="prism_attn_fwd", config=config_label(head_dim, piece, config) + suffix,
+                fn=fn, signature=sig, constexprs=constexprs,
+                num_warps=config.num_warps, num_stages=config.num_stages, uses_dot=True,
+                meta={"attrs": aot_attrs(fn, sig)},
+            ))
 
 
 _register_static_report()
 
-__all__ = ["FWD_CONFIGS", "LOG2E", "prism_attn_fwd"]
+__all__ = ["FWD_CONFIGS", "FWD_OPTION_CONFIGS", "LOG2E", "prism_attn_fwd"]

@@ -103,6 +103,7 @@ SHAPES = [
 ]
 
 
+@pytest.mark.grid
 @pytest.mark.interpret
 @pytest.mark.parametrize("B,T,H,HV,K,V,kinds,init", SHAPES)
 def test_bwd_fp32(B, T, H, HV, K, V, kinds, init):

@@ -91,6 +91,7 @@ CHUNK_CASES = [
 ]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("variant,B,T,H,HV,K,V,dtype,extra", CHUNK_CASES,
                          ids=[f"{c[0]}-T{c[2]}-HV{c[4]}-K{c[5]}-V{c[6]}-{str(c[7])[6:]}-{i}"
                               for i, c in enumerate(CHUNK_CASES)])

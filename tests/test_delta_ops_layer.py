@@ -17,6 +17,7 @@ def make(mode, backend, **kw):
                               backend=backend, **kw)
 
 
+@pytest.mark.grid
 @pytest.mark.interpret
 @pytest.mark.parametrize("mode,extra", [("delta", {"use_short_conv": True}), ("gdn", {}), ("kda", {}),
                                         ("gdn2", {"allow_neg_eigval": True})])

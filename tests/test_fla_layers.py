@@ -131,6 +131,7 @@ def test_same_outputs_and_grads_as_patched_fla(name, i, kind, torch_path):
     _compare_with_patched_fla(name, i, kind)
 
 
+@pytest.mark.grid
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_same_outputs_and_grads_as_patched_fla_triton(name, monkeypatch):
@@ -162,6 +163,7 @@ def test_decoding_with_cache_equals_full_forward(name, i, torch_path):
     _decode_matches_full(name, i)
 
 
+@pytest.mark.grid
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_decoding_with_cache_equals_full_forward_triton(name):

@@ -197,3 +197,37 @@ def test_torch_path_fused_and_blockwise_agree(causal, T, S):
                                           backend="torch")
     assert_close("o", fused, attention_ref(q, k, v, causal=causal), kind="recurrence", dtype=torch.float32)
     assert_close("o fused vs blockwise", fused, blockwise.double(), kind="recurrence", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+def test_launch_configs_follow_the_call_options(kernel, monkeypatch):
+    """The autotune pruning of each attention kernel keeps, per head-dim bucket, the plain table's configs
+    for plain and causal calls and the option table's for calls with a window or softcapping: the configs
+    the static report compiles (its registrations read the same ``launch_configs``)."""
+    from lamina.kernels import prism_attn_bwd, prism_attn_common, prism_attn_fwd
+    from lamina.kernels._utils import registered_aot
+
+    tables = {"fwd": prism_attn_fwd.FWD_TABLES, "dkdv": prism_attn_bwd.DKDV_TABLES,
+              "dq": prism_attn_bwd.DQ_TABLES}[kernel]
+    monkeypatch.setattr(prism_attn_common, "INTERPRET", False)  # pruning is off under the interpreter
+    prune = prism_attn_common.keep_bucket_configs(tables)
+    every = prism_attn_common.all_configs(tables)
+    assert len({id(c) for c in every}) == len(every)
+    for head_dim in (16, 64, 80, 128, 192, 256, 320, 512):
+        for causal, window, softcap, plain in [(True, (-1, -1), 0.0, True), (False, (-1, -1), 0.0, True),
+                                               (True, (64, -1), 0.0, False), (False, (-1, 3), 0.0, False),
+                                               (False, (-1, -1), 5.0, False), (True, (-1, -1), 5.0, False)]:
+            flags = prism_attn_common.window_args(causal, window, softcap)[1]
+            kept = prune(every, {}, HEAD_DIM=head_dim, CAUSAL=causal, **flags)
+            bucket = prism_attn_common.head_dim_bucket(head_dim)
+            assert kept == tables[0 if plain else 1][bucket], (head_dim, causal, window, softcap)
+    # the static report compiles, for each registered head dim, the option table's configs with the flags on
+    name = {"fwd": "prism_attn_fwd", "dkdv": "prism_attn_bwd_dkdv", "dq": "prism_attn_bwd_dq"}[kernel]
+    for spec in registered_aot():
+        if spec.name != name:
+            continue
+        options = spec.config.endswith("-window-softcap")
+        assert spec.constexprs["SOFTCAP"] is options
+        tiles = {k: spec.constexprs[k] for k in ("BLOCK_M", "BLOCK_N")}
+        table = tables[int(options)][prism_attn_common.head_dim_bucket(spec.constexprs["HEAD_DIM"])]
+        assert any(c.kwargs == tiles and c.num_stages == spec.num_stages for c in table), spec.config
