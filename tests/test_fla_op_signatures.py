@@ -44,9 +44,9 @@ FLA_KWARGS = {
 # fla parameters lamina refuses, with a non-default value each (they change results or outputs).
 REFUSED = {
     "chunk_delta_rule": {"head_first": True},
-    "chunk_gated_delta_rule": {"cp_context": object(), "head_first": True},
-    "chunk_kda": {"return_intermediate_states": True, "cp_context": object()},
-    "chunk_gdn2": {"return_intermediate_states": True, "cp_context": object()},
+    "chunk_gated_delta_rule": {"head_first": True},
+    "chunk_kda": {"return_intermediate_states": True},
+    "chunk_gdn2": {"return_intermediate_states": True},
     "fused_recurrent_gated_delta_rule": {"gv": "tensor"},
 }
 

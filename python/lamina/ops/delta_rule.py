@@ -21,8 +21,9 @@ fla compatibility (an fla 0.6 call runs unchanged after changing the import):
   ``chunk_indices`` (lamina computes its own), ``disable_recompute``, ``use_graph``,
   ``max_num_seqs`` (performance hints of fla's kernels).
 * Refused when not at fla's default (NotImplementedError naming the parameter):
-  ``return_intermediate_states=True``, ``cp_context`` not None, ``head_first=True``, ``gv`` not
-  None, and a per-value-channel ``beta [B, T, HV, V]``.
+  ``return_intermediate_states=True``, ``head_first=True``, ``gv`` not None, and a
+  per-value-channel ``beta [B, T, HV, V]``. ``cp_context`` takes lamina's own
+  ``lamina.distributed.ContextParallel`` (fla's context objects: TypeError).
 * lamina is wider where it can be: float32 inputs, any chunk size of 16/32/64, gradients of the
   ``fused_recurrent_*`` ops.
 
@@ -73,8 +74,6 @@ _CHANNEL = "channel"
 
 # What lamina supports instead, for the fla parameters it refuses (the sentence after "not supported").
 _ONLY_STATES = "lamina returns (o, final_state) only (return_intermediate_states=False)"
-_NO_CP = ("fla's context parallelism is not available; lamina supports cp_context=None "
-          "(one device, or varlen packing with cu_seqlens)")
 _NO_HEAD_FIRST = "inputs are [B, T, H, ...] (head_first=False), as in fla 0.6"
 
 
@@ -108,13 +107,15 @@ def _run(
     gk: torch.Tensor | None = None,
     decode: dict | None = None,
     output_v_new: bool = False,
+    cp_context: object | None = None,
 ) -> OpResult:
     """Validate, transform and dispatch.
 
     ``g_kind``: None | "scalar" | "channel" (the decay ``g``); ``gk``: an extra per-K log decay added
     to ``g`` (fla's ``fused_recurrent_gated_delta_rule``). ``gate_kind``: "scalar" (one beta for
     erase and write; ``b`` None means ones) or "channel" (GDN-2's ``b`` and ``w``).
-    ``output_v_new``: a third result, the writes (``OpResult``).
+    ``output_v_new``: a third result, the writes (``OpResult``). ``cp_context``: a
+    ``lamina.distributed.ContextParallel`` (chunked ops; this rank's tokens of split sequences).
     """
     if not isinstance(output_v_new, bool):
         raise TypeError(f"{op}: output_v_new must be a bool, got {type(output_v_new).__name__}")
@@ -145,8 +146,19 @@ def _run(
         raise ValueError(f"{op}: inplace_final_state, ssm_state_indices, num_accepted_tokens and out are for "
                          "inference; run under torch.no_grad() or pass tensors that do not require grad")
     pool = decode is not None and decode["ssm_state_indices"] is not None
+    n_context = None
+    if cp_context is not None:
+        from lamina.distributed import ContextParallel
+
+        if not isinstance(cp_context, ContextParallel):
+            raise TypeError(f"{op}: cp_context must be a lamina.distributed.ContextParallel, "
+                            f"got {type(cp_context).__name__}")
+        if cu_seqlens is not None or cu_seqlens_cpu is not None:
+            raise ValueError(f"{op}: with cp_context pass the packed layout to the context "
+                             "(ContextParallel(cu_seqlens=...)), not cu_seqlens")
+        n_context = B if cp_context.cu_seqlens is None else len(cp_context.cu_seqlens) - 1
     N = validate_inputs(op, q, k, v, gates, None if pool else initial_state, cu_seqlens, chunk_size,
-                        cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+                        cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, n_sequences=n_context)
     _check_dtypes_and_ranges(q, v, gates, scale, raw_gate=use_gate_in_kernel)
     if decode is not None:
         check_no_overlap("out", decode["out"], q=q, k=k, v=v, initial_state=initial_state,
@@ -155,7 +167,7 @@ def _run(
         raise ValueError(f"{op}: output_v_new is not available with inplace_final_state, ssm_state_indices, "
                          "num_accepted_tokens or out (the decode kernels do not form the writes)")
     writes = (v.clone(),) if output_v_new else ()
-    if T == 0 and (decode is None or not decode["used"]):
+    if T == 0 and (decode is None or not decode["used"]) and cp_context is None:
         # nothing to run: an empty output, and each state passes through unchanged (identity gradient)
         if not output_final_state:
             return v.clone(), None, *writes
@@ -193,8 +205,15 @@ def _run(
         scale = K ** -0.5
     if state_v_first and initial_state is not None:
         initial_state = initial_state.transpose(-1, -2)
-    o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                   chunk_size, recurrent, backend, output_v_new=output_v_new)
+    if cp_context is not None:
+        from lamina.distributed import delta_rule_context_parallel
+
+        o, ht, v_new = delta_rule_context_parallel(cp_context, delta_rule_core, op, q, k, v, g, b, w, scale,
+                                                   initial_state, output_final_state, chunk_size, backend,
+                                                   output_v_new)
+    else:
+        o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                                       chunk_size, recurrent, backend, output_v_new=output_v_new)
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return (o, ht, v_new) if output_v_new else (o, ht)
@@ -300,9 +319,8 @@ def _kda_gate_checks(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: flo
             raise ValueError(f"lower_bound must be in [-5, 0) with safe_gate=True, got {lower_bound}")
 
 
-def _refuse_chunk_extras(op: str, return_intermediate_states: bool, cp_context: object) -> None:
+def _refuse_chunk_extras(op: str, return_intermediate_states: bool) -> None:
     refuse(op, "return_intermediate_states", return_intermediate_states, False, _ONLY_STATES)
-    refuse(op, "cp_context", cp_context, None, _NO_CP)
 
 
 _COMMON_ARGS = """
@@ -328,6 +346,11 @@ _COMMON_ARGS = """
             from ``**kwargs``).
         backend: "auto" (CUDA: Triton; CPU: Triton under TRITON_INTERPRET=1, else PyTorch),
             "triton" or "torch".
+        cp_context: a ``lamina.distributed.ContextParallel`` (chunked ops): q, k, v and the gates hold this
+            rank's tokens of sequences split across the ranks of a process group (``cp.shard``); outputs,
+            writes and gradients are those of the whole sequences, final states are every sequence's, on
+            every rank; ``initial_state`` is every sequence's too. The packed layout is the context's
+            (``cu_seqlens`` must be None). ``chunk_delta_rule`` takes it keyword-only (lamina's own there).
         output_v_new: lamina's own (keyword-only): also return the writes ``v_new [B, T, HV, V]`` (v.dtype),
             per token ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)`` after the in-kernel transforms (for DeltaNet,
             GDN and KDA ``beta_t (v_t - (D_t S_{t-1})^T k_t)``: the write error that cross-layer error
@@ -359,6 +382,7 @@ def chunk_delta_rule(
     head_first: bool = False,
     backend: str = "auto",
     output_v_new: bool = False,
+    cp_context: object | None = None,
 ) -> OpResult:
     """DeltaNet: ``S <- S + beta_t k_t (v_t - S^T k_t)^T``, ``o_t = S^T (scale q_t)``; ``beta: [B, T, HV]``.
 
@@ -368,7 +392,8 @@ def chunk_delta_rule(
     return _run("chunk_delta_rule", q, k, v, None, beta, None, g_kind=None, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                chunk_size=chunk_size, recurrent=False, backend=backend, output_v_new=output_v_new)
+                chunk_size=chunk_size, recurrent=False, backend=backend, output_v_new=output_v_new,
+                cp_context=cp_context)
 
 
 def chunk_gated_delta_rule(
@@ -404,12 +429,11 @@ def chunk_gated_delta_rule(
     ``g = -exp(A_log) * softplus(g + dt_bias)`` (``A_log, dt_bias: [HV]``).
     ``use_beta_sigmoid_in_kernel``: ``beta = sigmoid(beta)`` (``2 * sigmoid`` with ``allow_neg_eigval``).
 
-    fla: ``chunk_indices`` accepted and unused (lamina indexes its own chunks); ``cp_context`` not
-    None and ``head_first=True`` refused.
+    fla: ``chunk_indices`` accepted and unused (lamina indexes its own chunks); ``head_first=True``
+    refused.
     """
     op = "chunk_gated_delta_rule"
     v_first = state_layout(op, state_v_first, transpose_state_layout)
-    refuse(op, "cp_context", cp_context, None, _NO_CP)
     refuse(op, "head_first", head_first, False, _NO_HEAD_FIRST)
     return _run(op, q, k, v, g, beta, None, g_kind=_SCALAR, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
@@ -417,7 +441,7 @@ def chunk_gated_delta_rule(
                 A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, state_v_first=v_first,
                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False,
-                backend=backend, output_v_new=output_v_new)
+                backend=backend, output_v_new=output_v_new, cp_context=cp_context)
 
 
 def chunk_kda(
@@ -460,11 +484,11 @@ def chunk_kda(
     ``<= 0`` (every exponent is taken relative to a row of the same 16-token sub-block).
 
     fla: ``disable_recompute``, ``use_graph``, ``max_num_seqs`` accepted and unused (fla's memory and
-    launch options); ``return_intermediate_states=True`` and ``cp_context`` not None refused.
+    launch options); ``return_intermediate_states=True`` refused.
     """
     op = "chunk_kda"
     v_first = state_layout(op, state_v_first, transpose_state_layout)
-    _refuse_chunk_extras(op, return_intermediate_states, cp_context)
+    _refuse_chunk_extras(op, return_intermediate_states)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
     return _run(op, q, k, v, g, beta, None, g_kind=_CHANNEL, gate_kind=_SCALAR, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
@@ -473,7 +497,7 @@ def chunk_kda(
                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend,
-                output_v_new=output_v_new)
+                output_v_new=output_v_new, cp_context=cp_context)
 
 
 def chunk_gdn2(
@@ -510,12 +534,12 @@ def chunk_gdn2(
     ``b: [B, T, HV, K]`` erase gate on the key axis; ``w: [B, T, HV, V]`` write gate on the value
     axis. With ``b = w = beta`` (broadcast) it is KDA.
 
-    fla: ``disable_recompute`` accepted and unused; ``return_intermediate_states=True`` and
-    ``cp_context`` not None refused. Chunk sizes 16 and 32 work too (fla: 64 only).
+    fla: ``disable_recompute`` accepted and unused; ``return_intermediate_states=True`` refused.
+    Chunk sizes 16 and 32 work too (fla: 64 only).
     """
     op = "chunk_gdn2"
     v_first = state_layout(op, state_v_first, transpose_state_layout)
-    _refuse_chunk_extras(op, return_intermediate_states, cp_context)
+    _refuse_chunk_extras(op, return_intermediate_states)
     _kda_gate_checks(use_gate_in_kernel, safe_gate, lower_bound)
     return _run(op, q, k, v, g, b, w, g_kind=_CHANNEL, gate_kind=_CHANNEL, scale=scale,
                 initial_state=initial_state, output_final_state=output_final_state,
@@ -523,7 +547,7 @@ def chunk_gdn2(
                 A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound if use_gate_in_kernel else None,
                 state_v_first=v_first, cu_seqlens=cu_seqlens,
                 cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size, recurrent=False, backend=backend,
-                output_v_new=output_v_new)
+                output_v_new=output_v_new, cp_context=cp_context)
 
 
 def fused_recurrent_delta_rule(

@@ -57,9 +57,12 @@ def validate_inputs(
     chunk_size: int,
     cu_seqlens_cpu: torch.Tensor | None = None,
     state_v_first: bool = False,
+    n_sequences: int | None = None,
 ) -> int:
     """Check shapes, dtypes and devices at the public boundary; returns N (number of sequences).
 
+    ``n_sequences``: N when the sequences are not those of this call's tensors (a context-parallel
+    call: every sequence of the context, ``lamina.distributed``).
     ``gates`` maps an argument name to ``(tensor, expected shape)``; a None tensor is skipped.
     ``cu_seqlens_cpu`` (fla's host copy of ``cu_seqlens``): when given, the offsets are checked on it,
     so validation does not read ``cu_seqlens`` back from the device. ``state_v_first``: the
@@ -93,6 +96,7 @@ def validate_inputs(
         N = check_cu_seqlens(cu_seqlens, B, T)
     else:
         N = check_cu_seqlens(_host_offsets(cu_seqlens, cu_seqlens_cpu), B, T, name="cu_seqlens_cpu")
+    N = N if n_sequences is None else n_sequences
     if initial_state is not None:
         allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         check_tensor("initial_state", initial_state, ndim=4, dtypes=allowed)

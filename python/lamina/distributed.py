@@ -1,0 +1,256 @@
+"""Context parallelism: one sequence (or one pack of sequences) split along time across the ranks of a
+``torch.distributed`` process group (NCCL on GPUs, gloo on CPU).
+
+``ContextParallel(group=None, cu_seqlens=None)`` describes the split: the process group, this rank's
+position, and the packed-sequence layout (``cu_seqlens``: global offsets of the sequences packed along
+T, the same on every rank; None for ``B`` rows of one sequence each). Rank ``r`` of ``R`` holds tokens
+``[r * L, (r + 1) * L)`` of every row, ``L = T / R`` (``cp.shard`` cuts them, ``cp.gather`` joins them).
+
+The delta-rule ops take it as ``cp_context=``. The recurrence is affine in the state: a segment of
+tokens maps a start state ``S`` to ``M S + C``, where ``M`` (``[K, K]``) is the segment run on the
+identity with zero values and ``C`` the segment run from a zero state. Each rank computes ``(M, C)`` of
+each of its local sequences, the ranks exchange them (one all-gather), each rank folds those of the
+ranks before it into its start states and runs its tokens from them: outputs and writes are those of
+the whole sequences. Final states are folded from the exchanged maps, the same on every rank. Backward
+is autograd through the same steps: the exchange's backward is one all-reduce, which every rank runs
+(the start states depend on the exchange on every rank).
+
+Bad input: a call whose shapes, options or layout differ between ranks raises the same ValueError on
+every rank (the ranks exchange a description of the call first), never a hang. A rank that does not
+reach the call at all leaves the others waiting until the process group's timeout
+(``init_process_group(timeout=...)``), which then raises there.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class _AllGather(torch.autograd.Function):
+    """Every rank's ``x`` stacked along a new dim 0 ``[R, ...]``; backward: the all-reduced gradient's row."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
+class _DependOn(torch.autograd.Function):
+    """``x`` itself, made to depend on ``other`` with a zero gradient: every rank then runs the backward of
+    the exchange that produced ``other``, whether or not its loss uses a result computed from it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        ctx.other_shape, ctx.other_dtype = other.shape, other.dtype
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.new_zeros(ctx.other_shape, dtype=ctx.other_dtype)
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """This rank's part of the layout: local sequences, the global sequence each belongs to, and whether
+    it continues from the rank before or onto the rank after."""
+
+    start: int
+    stop: int
+    cu_seqlens: tuple[int, ...] | None
+    seq_ids: tuple[int, ...]
+    from_prev: tuple[bool, ...]
+    to_next: tuple[bool, ...]
+
+
+class ContextParallel:
+    """A sequence split along time across the ranks of ``group`` (default: the world group).
+
+    Args:
+        group: a ``torch.distributed`` process group; None for the default (world) group.
+        cu_seqlens: ``[N + 1]`` global offsets of ``N`` sequences packed along T (int tensor or list, the
+            same on every rank; each sequence at least one token). None: every row of ``B`` is one
+            sequence.
+    """
+
+    def __init__(self, group=None, cu_seqlens: torch.Tensor | list[int] | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ContextParallel: torch.distributed is not initialised; call "
+                               "torch.distributed.init_process_group first (torchrun does it for you)")
+        self.group = group if group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.cu_seqlens = None if cu_seqlens is None else _offsets(cu_seqlens)
+
+    def __repr__(self) -> str:
+        layout = "one sequence per row" if self.cu_seqlens is None else f"{len(self.cu_seqlens) - 1} packed sequences"
+        return f"ContextParallel(rank {self.rank} of {self.world_size}, {layout})"
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's contiguous part of a full-sequence tensor along ``dim`` (a view)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"shard: x must be a tensor, got {type(x).__name__}")
+        if not -x.dim() <= dim < x.dim():
+            raise ValueError(f"shard: dim must be in [{-x.dim()}, {x.dim()}) for a {x.dim()}-d tensor, got {dim}")
+        n = x.shape[dim]
+        if n % self.world_size:
+            raise ValueError(f"shard: x has {n} positions along dim {dim}, not divisible by the context's "
+                             f"{self.world_size} ranks")
+        part = n // self.world_size
+        return x.narrow(dim, self.rank * part, part)
+
+    def gather(self, y: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The full tensor from every rank's part along ``dim`` (differentiable; every rank calls it)."""
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"gather: y must be a tensor, got {type(y).__name__}")
+        if not -y.dim() <= dim < y.dim():
+            raise ValueError(f"gather: dim must be in [{-y.dim()}, {y.dim()}) for a {y.dim()}-d tensor, got {dim}")
+        agree(self, "gather", {"dim": dim % y.dim(), "ndim": y.dim(), **{f"size{i}": s for i, s in enumerate(y.shape)}})
+        return torch.cat(list(_AllGather.apply(y, self.group).unbind(0)), dim=dim)
+
+    def local_layout(self, t_local: int) -> LocalLayout:
+        """The local sequences of a rank holding ``t_local`` tokens of every row."""
+        start, stop = self.rank * t_local, (self.rank + 1) * t_local
+        last = self.world_size - 1
+        if self.cu_seqlens is None:
+            return LocalLayout(start, stop, None, (), (self.rank > 0,), (self.rank < last,))
+        cu = self.cu_seqlens
+        points = [start, *(c for c in cu if start < c < stop), stop]
+        seq_ids = tuple(_sequence_of(cu, p) for p in points[:-1])
+        from_prev = tuple(i == 0 and cu[s] < start for i, s in enumerate(seq_ids))
+        to_next = tuple(i == len(seq_ids) - 1 and cu[s + 1] > stop for i, s in enumerate(seq_ids))
+        return LocalLayout(start, stop, tuple(p - start for p in points), seq_ids, from_prev, to_next)
+
+
+def _offsets(cu_seqlens) -> tuple[int, ...]:
+    values = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    if isinstance(cu_seqlens, torch.Tensor) and (cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point()):
+        raise ValueError(f"cu_seqlens must be a 1-d integer tensor, got shape {tuple(cu_seqlens.shape)} "
+                         f"and dtype {cu_seqlens.dtype}")
+    if len(values) < 2 or values[0] != 0 or not all(isinstance(c, int) for c in values):
+        raise ValueError(f"cu_seqlens must be integer offsets starting at 0 with at least 2 entries, got {values}")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence at least one token), got {values}")
+    return tuple(values)
+
+
+def _sequence_of(cu: tuple[int, ...], token: int) -> int:
+    lo, hi = 0, len(cu) - 2
+    while lo < hi:  # the last sequence s with cu[s] <= token
+        mid = (lo + hi + 1) // 2
+        if cu[mid] <= token:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def agree(cp: ContextParallel, what: str, fields: dict[str, int]) -> None:
+    """Exchange ``fields`` (ints) between the ranks; the same ValueError on every rank where they differ."""
+    values = torch.tensor([zlib.crc32(what.encode()), *fields.values()], dtype=torch.int64)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(cp.group) == "nccl" else None
+    seen = _AllGather.apply(values.to(device) if device else values, cp.group).cpu()
+    if bool((seen == seen[0]).all()):
+        return
+    names = ["operation", *fields]
+    diffs = [f"{name}: " + ", ".join(f"rank {r} {int(seen[r, i])}" for r in range(seen.shape[0]))
+             for i, name in enumerate(names) if not bool((seen[:, i] == seen[0, i]).all())]
+    raise ValueError(f"{what}: the ranks of the context disagree ({'; '.join(diffs)})"
+                     + ("; the ranks are not running the same operation" if "operation" in diffs[0] else ""))
+
+
+def delta_rule_context_parallel(
+    cp: ContextParallel,
+    core: Callable,
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    chunk_size: int,
+    backend: str,
+    output_v_new: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``core`` (``delta_rule_core``'s signature, transformed inputs, states ``[N, HV, K, V]``) on this rank's
+    tokens of sequences split across ``cp``'s ranks, as if on the whole sequences (module docstring)."""
+    if not isinstance(cp, ContextParallel):
+        raise TypeError(f"{op}: cp_context must be a lamina.distributed.ContextParallel, got {type(cp).__name__}")
+    B, T, HV, V = v.shape
+    K = q.shape[-1]
+    n_global = B if cp.cu_seqlens is None else len(cp.cu_seqlens) - 1
+    layout_sum = -1 if cp.cu_seqlens is None else zlib.crc32(repr(cp.cu_seqlens).encode())
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
+    agree(cp, op, {"B": B, "T (local)": T, "H": q.shape[2], "HV": HV, "K": K, "V": V,
+                   "dtype": list(_DTYPES).index(q.dtype) if q.dtype in _DTYPES else -1,
+                   "cu_seqlens": layout_sum, "initial_state": initial_state is not None,
+                   "output_final_state": bool(output_final_state), "output_v_new": bool(output_v_new),
+                   "chunk_size": chunk_size, "gradients": needs_grad})
+    if cp.cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"{op}: with packed sequences (the context's cu_seqlens) the batch size must be 1, "
+                             f"got {B}")
+        if T * cp.world_size != cp.cu_seqlens[-1]:
+            raise ValueError(f"{op}: the context's cu_seqlens pack {cp.cu_seqlens[-1]} tokens, but {cp.world_size} "
+                             f"ranks x {T} local tokens = {T * cp.world_size}")
+    if T == 0:
+        raise ValueError(f"{op}: every rank needs at least one token with cp_context, got T = 0")
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    layout = cp.local_layout(T)
+    cu_local = None if layout.cu_seqlens is None else torch.tensor(layout.cu_seqlens, dtype=torch.int32,
+                                                                   device=q.device)
+    n_local = B if cu_local is None else len(layout.seq_ids)
+    seq_ids = list(range(B)) if cu_local is None else list(layout.seq_ids)
+    run = lambda vv, ww, h0, writes=False: core(  # noqa: E731
+        op, q, k, vv, g, b, ww, scale, h0, True, cu_local, chunk_size, False, backend, output_v_new=writes)
+
+    # The affine map (M, C) of each local sequence, in the rows of its global sequence; one exchange.
+    eye = torch.eye(K, dtype=state_dtype, device=q.device).expand(n_local, HV, K, K)
+    w_k = w if w.dim() == 3 else w.new_ones((*w.shape[:-1], K))  # a value-axis gate meets zero values
+    maps = torch.cat([run(v.new_zeros((*v.shape[:-1], K)), w_k, eye)[1], run(v, w, None)[1]], dim=-1)
+    mine = maps.new_zeros((n_global, HV, K, K + V)).index_copy(0, torch.tensor(seq_ids, device=q.device), maps)
+    if needs_grad and not mine.requires_grad:
+        mine = mine.detach().requires_grad_()  # every rank takes part in the exchange's backward
+    every = _AllGather.apply(mine, cp.group)  # [R, N, HV, K, K + V]
+
+    def fold(seq: int, ranks: range) -> torch.Tensor:
+        state = q.new_zeros((HV, K, V), dtype=state_dtype) if initial_state is None else initial_state[seq].to(
+            state_dtype)
+        for r in ranks:
+            state = every[r, seq, ..., :K] @ state + every[r, seq, ..., K:]
+        return state
+
+    def first_rank(seq: int) -> int:
+        return 0 if cp.cu_seqlens is None else cp.cu_seqlens[seq] // T
+
+    start = torch.stack([fold(seq, range(first_rank(seq), cp.rank)) for seq in seq_ids])
+    if needs_grad:
+        start = _DependOn.apply(start, every)
+    o, _, v_new = run(v, w, start, output_v_new)
+    final = None
+    if output_final_state:
+        last = lambda seq: cp.world_size - 1 if cp.cu_seqlens is None else (cp.cu_seqlens[seq + 1] - 1) // T  # noqa: E731
+        final = torch.stack([fold(seq, range(first_rank(seq), last(seq) + 1)) for seq in range(n_global)])
+    return o, final, v_new
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+__all__ = ["ContextParallel", "LocalLayout", "agree", "delta_rule_context_parallel"]

@@ -1,0 +1,182 @@
+"""Context parallelism (lamina.distributed) over 2 and 4 gloo processes on the CPU.
+
+Every rank builds the same full-sequence inputs, runs the op once in one process in float64 (the
+expected result), then its shard with ``cp_context`` in float32, and checks outputs, writes, final states
+and every gradient: shards against the matching slice, replicated leaves (initial state, gate
+parameters) summed over the ranks, as data parallelism would sum them. The loss is the same in both
+runs: every rank's outputs and writes, and the final states once (rank 0).
+
+Bad input: calls that differ between ranks raise the same ValueError on every rank, within the
+group's 60 s timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import lamina
+from lamina.distributed import ContextParallel
+from lamina.testing import assert_close, gradient_scale
+
+L, H, HV, K, V = 24, 2, 4, 16, 8  # 24 local tokens: one and a half chunks of 16; GVA; K != V
+VARIANTS = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "chunk_gdn2")
+# Packed sequences whose boundaries fall inside ranks and which cross ranks (with 4 ranks one spans three).
+PACKS = {2: [0, 5, 30, 31, 48], 4: [0, 5, 60, 61, 90, 96]}
+
+
+def _inputs(op: str, world: int, varlen: bool, gen: torch.Generator) -> tuple[dict, dict]:
+    """Full-sequence leaves (float64) and the op's other keyword arguments."""
+    B, T = (1, world * L) if varlen else (2, world * L)
+    n = len(PACKS[world]) - 1 if varlen else B
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    leaves = {"q": r(B, T, H, K), "k": r(B, T, H, K), "v": r(B, T, HV, V), "initial_state": r(n, HV, K, V) * 0.5}
+    extra = {"use_qk_l2norm_in_kernel": True, "chunk_size": 16}
+    if op == "chunk_delta_rule":
+        leaves["beta"] = torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
+    elif op == "chunk_gated_delta_rule":
+        leaves.update(g=r(B, T, HV), beta=r(B, T, HV), A_log=r(HV) * 0.3, dt_bias=r(HV) * 0.3)
+        extra.update(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    elif op == "chunk_kda":
+        leaves.update(g=-torch.rand(B, T, HV, K, generator=gen, dtype=torch.float64) * 0.3,
+                      beta=torch.rand(B, T, HV, generator=gen, dtype=torch.float64))
+    else:
+        leaves.update(g=-torch.rand(B, T, HV, K, generator=gen, dtype=torch.float64) * 0.3,
+                      b=torch.rand(B, T, HV, K, generator=gen, dtype=torch.float64),
+                      w=torch.rand(B, T, HV, V, generator=gen, dtype=torch.float64))
+    return leaves, extra
+
+
+REPLICATED = ("initial_state", "A_log", "dt_bias")
+
+
+def _run(op, leaves, extra, **kw):
+    args = dict(leaves)
+    return getattr(lamina, op)(**args, **extra, output_final_state=True, output_v_new=True, **kw)
+
+
+def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
+    cases = [(op, varlen) for op in VARIANTS for varlen in (False, True)]
+    if backend == "triton":  # the interpreter is slow: one packed case (the same code as every variant's)
+        cases = [("chunk_gdn2", True)]
+    for op, varlen in cases:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{op} {varlen} {world}".encode()))
+        full, extra = _inputs(op, world, varlen, gen)
+        cu = PACKS[world] if varlen else None
+        seq = {n for n in full if n not in REPLICATED}
+        do, dvn = torch.randn(full["v"].shape, generator=gen, dtype=torch.float64), torch.randn(
+            full["v"].shape, generator=gen, dtype=torch.float64)
+        dht = torch.randn(full["initial_state"].shape, generator=gen, dtype=torch.float64)
+
+        ref_leaves = {n: x.clone().requires_grad_() for n, x in full.items()}
+        cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+        o, ht, vn = _run(op, ref_leaves, extra, cu_seqlens=cu_t, backend="torch")
+        loss = (o * do).sum() + (vn * dvn).sum() + (ht * dht).sum()
+        ref_grads = dict(zip(ref_leaves, torch.autograd.grad(loss, list(ref_leaves.values()))))
+
+        cp = ContextParallel(cu_seqlens=cu)
+        mine = {n: (cp.shard(x) if n in seq else x).float().clone().requires_grad_() for n, x in full.items()}
+        o_cp, ht_cp, vn_cp = _run(op, mine, extra, cp_context=cp, backend=backend)
+        loss_cp = (o_cp * cp.shard(do).float()).sum() + (vn_cp * cp.shard(dvn).float()).sum()
+        if rank == 0:
+            loss_cp = loss_cp + (ht_cp * dht.float()).sum()
+        grads = dict(zip(mine, torch.autograd.grad(loss_cp, list(mine.values()))))
+
+        where = f"{op} {'packed' if varlen else 'dense'} rank {rank}/{world} {backend}"
+        assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
+        assert_close(f"{where}: v_new", vn_cp, cp.shard(vn.detach()))
+        assert_close(f"{where}: final_state", ht_cp, ht.detach())
+        assert_close(f"{where}: gathered o", cp.gather(o_cp.detach()), o.detach())
+        for name, grad in grads.items():
+            want = ref_grads[name]
+            if name in REPLICATED:
+                dist.all_reduce(grad)
+            else:
+                want = cp.shard(want)
+            assert_close(f"{where}: d{name}", grad, want, scale=gradient_scale(want))
+
+
+def _check_bad_input(rank: int, world: int, backend: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    full, extra = _inputs("chunk_kda", world, False, gen)
+    cp = ContextParallel()
+    local = {n: (cp.shard(x) if n not in REPLICATED else x).float() for n, x in full.items()}
+    # a different local length on one rank
+    short = dict(local, **{n: local[n][:, : L - 4] for n in ("q", "k", "v", "g", "beta")}) if rank == 1 else local
+    with pytest.raises(ValueError, match=r"disagree \(T \(local\): rank 0 24, rank 1 20"):
+        _run("chunk_kda", short, extra, cp_context=cp, backend=backend)
+    # a different operation on one rank (same shapes)
+    other = dict(local)
+    op = "chunk_kda" if rank == 0 else "chunk_gdn2"
+    if op == "chunk_gdn2":
+        beta = other.pop("beta")
+        other.update(b=beta[..., None].expand(*beta.shape, K), w=beta[..., None].expand(*beta.shape, V))
+    with pytest.raises(ValueError, match="not running the same operation"):
+        _run(op, other, extra, cp_context=cp, backend=backend)
+    # a layout whose length is not world x local
+    packed = ContextParallel(cu_seqlens=[0, 10, world * L + 2])
+    one = {n: x[:1] if n not in REPLICATED else x[:2] for n, x in local.items()}
+    with pytest.raises(ValueError, match=f"pack {world * L + 2} tokens, but {world} ranks x {L} local tokens"):
+        _run("chunk_kda", one, extra, cp_context=packed, backend=backend)
+    # a sequence length the ranks cannot share
+    with pytest.raises(ValueError, match=f"shard: x has {world * L + 1} positions along dim 1, not divisible"):
+        cp.shard(torch.zeros(1, world * L + 1, 2))
+    # after every error the ranks still agree: a good call runs
+    o, _, _ = _run("chunk_kda", local, extra, cp_context=cp, backend=backend)
+    assert o.shape == local["v"].shape
+
+
+SCENARIOS = {"equal": _check_equal_to_one_process, "bad": _check_bad_input}
+
+
+def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        SCENARIOS[scenario](rank, world, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch") -> None:
+    env = {"TRITON_INTERPRET": "1"} if backend == "triton" else {}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), scenario, backend), nprocs=world, join=True)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_equals_one_process(tmp_path, world):
+    _spawn(tmp_path, world, "equal")
+
+
+@pytest.mark.interpret
+def test_context_parallel_on_the_triton_kernels(tmp_path):
+    _spawn(tmp_path, 2, "equal", backend="triton")
+
+
+def test_mismatched_calls_raise_on_every_rank(tmp_path):
+    _spawn(tmp_path, 2, "bad")
+
+
+def test_without_a_process_group_or_with_fla_context():
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="init_process_group"):
+            ContextParallel()
+    q = torch.randn(1, 8, 1, 4)
+    with pytest.raises(TypeError, match="cp_context must be a lamina.distributed.ContextParallel"):
+        lamina.chunk_kda(q, q, q, -torch.rand(1, 8, 1, 4), torch.rand(1, 8, 1), cp_context=object())
