@@ -214,8 +214,7 @@ def delta_rule_context_parallel(
         raise ValueError(f"{op}: every rank needs at least one token with cp_context, got T = 0")
     state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     layout = cp.local_layout(T)
-    cu_local = None if layout.cu_seqlens is None else torch.tensor(layout.cu_seqlens, dtype=torch.int32,
-                                                                   device=q.device)
+    cu_local = local_cu_seqlens(cp, T, q.device)
     n_local = B if cu_local is None else len(layout.seq_ids)
     seq_ids = list(range(B)) if cu_local is None else list(layout.seq_ids)
     run = lambda vv, ww, h0, writes=False: core(  # noqa: E731
@@ -251,6 +250,54 @@ def delta_rule_context_parallel(
     return o, final, v_new
 
 
+def context_halo(cp: ContextParallel, xs: list[torch.Tensor], width: int) -> list[torch.Tensor]:
+    """For each ``[B, T, D_i]`` input of a causal convolution of ``width`` taps on this rank's tokens, the
+    window of each local sequence: ``[N, D_i, width]``, the ``width`` inputs before its first local token
+    (from the rank before; zeros before the sequence's start and for sequences that start on this rank).
+    One exchange for all of ``xs``; differentiable (gradients reach the rank the inputs came from)."""
+    B, T = xs[0].shape[:2]
+    if T < width:
+        raise ValueError(f"short convolution: with cp_context every rank needs at least {width} tokens (the "
+                         f"convolution's window), got {T}")
+    every = _AllGather.apply(torch.cat([x[:, T - width:] for x in xs], dim=-1), cp.group)  # [R, B, width, sum D]
+    prev = every[cp.rank - 1] if cp.rank > 0 else torch.zeros_like(every[0])
+    layout = cp.local_layout(T)
+    if layout.cu_seqlens is None:
+        windows = prev
+    else:
+        rows = prev.new_zeros((len(layout.seq_ids), *prev.shape[1:]))
+        if layout.from_prev[0]:
+            positions = torch.arange(layout.start - width, layout.start, device=prev.device)
+            keep = (positions >= cp.cu_seqlens[layout.seq_ids[0]]).to(prev.dtype)
+            rows = torch.cat([(prev[0] * keep[:, None])[None], rows[1:]])
+        windows = rows
+    if every.requires_grad:
+        windows = _DependOn.apply(windows, every)
+    return [w.transpose(1, 2) for w in windows.split([x.shape[-1] for x in xs], dim=-1)]
+
+
+def local_cu_seqlens(cp: ContextParallel, t_local: int, device: torch.device) -> torch.Tensor | None:
+    """This rank's packed layout as ``cu_seqlens`` (int32 on ``device``); None for one sequence per row."""
+    layout = cp.local_layout(t_local)
+    return None if layout.cu_seqlens is None else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
+
+
+def next_tokens(cp: ContextParallel, ids: torch.Tensor, fill: int) -> torch.Tensor:
+    """``[B, T]`` ids shifted left by one across the ranks: position t holds the id of t + 1, the last one
+    the next rank's first (``fill`` on the last rank). Not differentiable (token ids)."""
+    firsts = _AllGather.apply(ids[:, :1].contiguous(), cp.group)  # [R, B, 1]
+    after = firsts[cp.rank + 1] if cp.rank + 1 < cp.world_size else torch.full_like(ids[:, :1], fill)
+    return torch.cat([ids[:, 1:], after], dim=1)
+
+
+def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
+    """The sum over the ranks of ``x`` (not differentiable: counts and reported values)."""
+    out = x.detach().clone()
+    dist.all_reduce(out, group=cp.group)
+    return out
+
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-__all__ = ["ContextParallel", "LocalLayout", "agree", "delta_rule_context_parallel"]
+__all__ = ["ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "context_halo", "delta_rule_context_parallel",
+           "local_cu_seqlens", "next_tokens"]

@@ -176,17 +176,37 @@ class FlaDeltaLayer(nn.Module):
                                  "another layer type or shape")
         return entry
 
+    def _check_context_parallel(self, cp_context: Any, attention_mask: torch.Tensor | None,
+                                cu_seqlens: torch.Tensor | None, past_key_values: Any, use_cache: bool | None) -> None:
+        from lamina.distributed import ContextParallel
+
+        name = type(self).__name__
+        if not isinstance(cp_context, ContextParallel):
+            raise TypeError(f"{name}: cp_context must be a lamina.distributed.ContextParallel, "
+                            f"got {type(cp_context).__name__}")
+        for arg, given in (("attention_mask", attention_mask is not None), ("cu_seqlens", cu_seqlens is not None),
+                           ("past_key_values", past_key_values is not None), ("use_cache", bool(use_cache))):
+            if given:
+                raise ValueError(f"{name}: {arg} cannot be combined with cp_context (context parallelism is for "
+                                 "training and prefill of whole sequences; the packed layout is the context's)")
+
     def _qkv(self, x: torch.Tensor, entry: dict[str, Any] | None, use_cache: bool,
-             cu_seqlens: torch.Tensor | None):
+             cu_seqlens: torch.Tensor | None, cp_context: Any | None = None):
         """q, k [.., H, K] and v [.., HV, V] after the short convolutions (or SiLU), and their windows.
 
         Without short convolutions q and k get SiLU unless the layer sets another ``qk_activation``
-        (DeltaNet applies it after this step); v always gets SiLU.
+        (DeltaNet applies it after this step); v always gets SiLU. With ``cp_context`` the convolutions
+        start from the rank before's last inputs.
         """
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
         if self.use_short_conv:
             cached = (entry or {}).get("conv_state") or (None, None, None)
+            if cp_context is not None:
+                from lamina.distributed import context_halo, local_cu_seqlens
+
+                cached = context_halo(cp_context, [q, k, v], self.q_conv1d.weight.shape[-1])
+                cu_seqlens = local_cu_seqlens(cp_context, x.shape[1], x.device)
             outs = [conv(x=t, cache=c, output_final_state=use_cache, cu_seqlens=cu_seqlens)
                     for conv, t, c in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), cached)]
             (q, cq), (k, ck), (v, cv) = outs
@@ -230,6 +250,7 @@ class FlaDeltaLayer(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         routed_values: torch.Tensor | None = None,
         output_routed: bool = False,
+        cp_context: Any | None = None,
         **kwargs: Any,
     ) -> tuple[Any, ...]:
         """fla's layer call: ``(o [B, T, hidden_size], None, past_key_values)``.
@@ -247,6 +268,10 @@ class FlaDeltaLayer(nn.Module):
                 the previous layer's routed tensor through a ``CrossLayerRouter``).
             output_routed: return a fourth result, ``[B, T, value_dim]``: the value target (``routing="clvr"``)
                 or the write error (``"cler"``) of every token (zeros at padding).
+            cp_context: a ``lamina.distributed.ContextParallel``: ``hidden_states`` holds this rank's tokens
+                of sequences split across its ranks (``cp.shard``); the short convolutions take their
+                windows from the rank before and the delta rule runs context-parallel (training and
+                prefill: no cache, no padding mask, the packed layout is the context's).
             **kwargs: other arguments model stacks pass to every layer (e.g. ``position_ids``),
                 unused here as in fla.
         """
@@ -266,13 +291,18 @@ class FlaDeltaLayer(nn.Module):
         if cu_seqlens is None and attention_mask is not None:
             x, where = unpad(hidden_states, check_attention_mask(attention_mask, batch_size, q_len))
             cu_seqlens = where.cu_seqlens
-        q, k, v, conv_state = self._qkv(x, entry, bool(use_cache), cu_seqlens)
+        if cp_context is not None:
+            self._check_context_parallel(cp_context, attention_mask, cu_seqlens, past_key_values, use_cache)
+            mode = "chunk"
+        q, k, v, conv_state = self._qkv(x, entry, bool(use_cache), cu_seqlens, cp_context)
         if routed_values is not None:
             routed_values = routed_values if where is None else unpad_like(routed_values, where)
             v = v + rearrange(routed_values.to(v.dtype), "... (h d) -> ... h d", d=self.head_v_dim)
         state = entry.get("recurrent_state") if entry is not None else None
         cler = output_routed and self.routing == "cler"
         extra = {"output_v_new": True} if cler else self._decode_keywords(state, mode, bool(use_cache))
+        if cp_context is not None:
+            extra["cp_context"] = cp_context
         o, state, *written = self._mix(x, q, k, v, state, mode, bool(use_cache), cu_seqlens, **extra)
         if past_key_values is not None:
             past_key_values.update(recurrent_state=state, conv_state=conv_state if self.use_short_conv else None,

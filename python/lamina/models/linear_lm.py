@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lamina._validate import check_positive_int, check_token_ids
+from lamina.distributed import ContextParallel, all_reduce_sum, next_tokens
 from lamina.generation import GenerationMixin
 from lamina.layers import Cache, DeltaNet, GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention, PrismAttention
 from lamina.layers.prism import PrismCache
@@ -182,16 +183,30 @@ class LinearLM(GenerationMixin, nn.Module):
         labels: torch.Tensor | None = None,
         cache: LinearLMCache | None = None,
         attention_mask: torch.Tensor | None = None,
+        cp_context: ContextParallel | None = None,
     ) -> LinearLMOutput:
         """``input_ids [B, T]`` -> ``LinearLMOutput``. ``labels [B, T]`` (int64, -100 ignored): the loss of
         predicting ``labels[:, t + 1]`` from position ``t``. ``cache``/``attention_mask``: decoding, as in
-        ``decode``."""
+        ``decode``.
+
+        ``cp_context`` (``lamina.distributed.ContextParallel``, delta-rule stacks): ``input_ids`` and
+        ``labels`` are this rank's tokens of sequences split across the context's ranks (``cp.shard``);
+        the logits are this rank's, and the loss is this rank's share scaled by the number of ranks: the
+        mean over ranks is the whole sequences' loss, so the gradient averaging of data parallelism (DDP,
+        FSDP) over the ranks gives its gradients."""
         device = self.embed.weight.device
         check_token_ids("input_ids", input_ids, self.config.vocab_size, device)
         if cache is not None and not isinstance(cache, LinearLMCache):
             raise TypeError(f"cache must be a LinearLMCache (from new_cache()), got {type(cache).__name__}")
         if attention_mask is not None and cache is None:
             raise ValueError("attention_mask needs a cache: it says how many tokens each row keeps in it")
+        if cp_context is not None:
+            if cache is not None:
+                raise ValueError("cache cannot be combined with cp_context (context parallelism is for training "
+                                 "and prefill; decode on one rank)")
+            if self.config.attention_every:
+                raise ValueError("cp_context: context parallelism covers the delta-rule layers; this model has "
+                                 "attention layers (attention_every > 0)")
         x = self.embed(input_ids)
         attention_index = delta_index = 0
         routed = None
@@ -207,7 +222,7 @@ class LinearLM(GenerationMixin, nn.Module):
                 out, _, _, *sent = block.mixer(h, attention_mask=attention_mask,
                                                past_key_values=None if cache is None else cache.delta,
                                                use_cache=cache is not None, routed_values=values,
-                                               output_routed=send)
+                                               output_routed=send, cp_context=cp_context)
                 routed = sent[0] if send else None
                 delta_index += 1
             x = x + out
@@ -220,8 +235,15 @@ class LinearLM(GenerationMixin, nn.Module):
             if labels.shape != input_ids.shape:
                 raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
                                  f"got {tuple(labels.shape)}")
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                   ignore_index=-100)
+            if cp_context is None:
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                       ignore_index=-100)
+            else:
+                targets = next_tokens(cp_context, labels, -100)
+                total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                        reduction="sum")
+                counted = all_reduce_sum(cp_context, (targets != -100).sum().float()).clamp_min(1)
+                loss = total * cp_context.world_size / counted
         return LinearLMOutput(logits, loss)
 
     # --- weights of fla's causal LMs --------------------------------------------------------------------
