@@ -200,8 +200,40 @@ def _check_fsdp_training(rank: int, world: int, backend: str) -> None:
     assert curve[-1] < curve[0], curve
 
 
-SCENARIOS = {"equal": _check_equal_to_one_process, "bad": _check_bad_input, "layers": _check_layers,
-             "fsdp": _check_fsdp_training}
+def _check_attention(rank: int, world: int, backend: str) -> None:
+    """prism_attention with ``cp_context`` against the float64 reference on the whole sequences: o, lse, and
+    the gradients of q, k, v; D in {64, 192, 320}, causal or not, GQA, dense rows and packed sequences, a
+    causal sliding window and softcapping."""
+    from lamina.reference import attention_ref
+
+    cases = [(64, True, {}), (192, False, {}), (320, True, {"window_size": (20, 0), "softcap": 5.0}),
+             (64, False, {"softcap": 3.0})]
+    for (D, causal, options), varlen in ((c, p) for c in cases for p in (False, True)):
+        gen = torch.Generator().manual_seed(D * 2 + causal + 7 * varlen)
+        B, T = (1, world * L) if varlen else (2, world * L)
+        q, k, v = (torch.randn(B, T, h, D, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+        do = torch.randn(q.shape, generator=gen, dtype=torch.float64)
+        cu = PACKS[world] if varlen else None
+        ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
+        cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+        o, lse = attention_ref(*ref_in, causal=causal, cu_seqlens_q=cu_t, cu_seqlens_k=cu_t, return_lse=True,
+                               **options)
+        ref_grads = torch.autograd.grad((o * do).sum(), ref_in)
+
+        cp = ContextParallel(cu_seqlens=cu)
+        mine = [cp.shard(x).float().requires_grad_() for x in (q, k, v)]
+        o_cp, lse_cp = lamina.prism_attention(*mine, causal=causal, return_lse=True, backend=backend,
+                                              cp_context=cp, **options)
+        grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum(), mine)
+        where = f"D={D} causal={causal} {options} {'packed' if varlen else 'dense'} rank {rank}/{world}"
+        assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
+        assert_close(f"{where}: lse", lse_cp, cp.shard(lse.detach(), dim=2))
+        for name, grad, want in zip("qkv", grads, ref_grads):
+            assert_close(f"{where}: d{name}", grad, cp.shard(want), scale=gradient_scale(want))
+
+
+SCENARIOS = {"attention": _check_attention, "equal": _check_equal_to_one_process, "bad": _check_bad_input,
+             "layers": _check_layers, "fsdp": _check_fsdp_training}
 
 
 def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) -> None:
@@ -236,6 +268,11 @@ def test_context_parallel_equals_one_process(tmp_path, world):
 @pytest.mark.interpret
 def test_context_parallel_on_the_triton_kernels(tmp_path):
     _spawn(tmp_path, 2, "equal", backend="triton")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_attention_with_context_parallel_equals_the_reference(tmp_path, world):
+    _spawn(tmp_path, world, "attention")
 
 
 def test_layers_with_context_parallel_equal_one_process(tmp_path):

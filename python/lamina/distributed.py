@@ -157,6 +157,22 @@ def _sequence_of(cu: tuple[int, ...], token: int) -> int:
     return lo
 
 
+def _layout_id(cp: ContextParallel) -> int:
+    return -1 if cp.cu_seqlens is None else zlib.crc32(repr(cp.cu_seqlens).encode())
+
+
+def _check_packed(cp: ContextParallel, what: str, batch: int, t_local: int) -> None:
+    """With the context's packed layout: batch 1, and the ranks' tokens are the pack's."""
+    if cp.cu_seqlens is None:
+        return
+    if batch != 1:
+        raise ValueError(f"{what}: with packed sequences (the context's cu_seqlens) the batch size must be 1, "
+                         f"got {batch}")
+    if t_local * cp.world_size != cp.cu_seqlens[-1]:
+        raise ValueError(f"{what}: the context's cu_seqlens pack {cp.cu_seqlens[-1]} tokens, but "
+                         f"{cp.world_size} ranks x {t_local} local tokens = {t_local * cp.world_size}")
+
+
 def agree(cp: ContextParallel, what: str, fields: dict[str, int]) -> None:
     """Exchange ``fields`` (ints) between the ranks; the same ValueError on every rank where they differ."""
     values = torch.tensor([zlib.crc32(what.encode()), *fields.values()], dtype=torch.int64)
@@ -195,21 +211,14 @@ def delta_rule_context_parallel(
     B, T, HV, V = v.shape
     K = q.shape[-1]
     n_global = B if cp.cu_seqlens is None else len(cp.cu_seqlens) - 1
-    layout_sum = -1 if cp.cu_seqlens is None else zlib.crc32(repr(cp.cu_seqlens).encode())
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
     agree(cp, op, {"B": B, "T (local)": T, "H": q.shape[2], "HV": HV, "K": K, "V": V,
                    "dtype": list(_DTYPES).index(q.dtype) if q.dtype in _DTYPES else -1,
-                   "cu_seqlens": layout_sum, "initial_state": initial_state is not None,
+                   "cu_seqlens": _layout_id(cp), "initial_state": initial_state is not None,
                    "output_final_state": bool(output_final_state), "output_v_new": bool(output_v_new),
                    "chunk_size": chunk_size, "gradients": needs_grad})
-    if cp.cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"{op}: with packed sequences (the context's cu_seqlens) the batch size must be 1, "
-                             f"got {B}")
-        if T * cp.world_size != cp.cu_seqlens[-1]:
-            raise ValueError(f"{op}: the context's cu_seqlens pack {cp.cu_seqlens[-1]} tokens, but {cp.world_size} "
-                             f"ranks x {T} local tokens = {T * cp.world_size}")
+    _check_packed(cp, op, B, T)
     if T == 0:
         raise ValueError(f"{op}: every rank needs at least one token with cp_context, got T = 0")
     state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -297,7 +306,53 @@ def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torch.Tensor, k: torch.Tensor,
+                               v: torch.Tensor, causal: bool, scale: float | None, return_lse: bool, backend: str,
+                               window_size: tuple[int, int], softcap: float):
+    """``attention`` (``prism_attention``'s signature) of this rank's queries over the keys and values of the
+    whole sequences: one differentiable all-gather of k and v, then each local sequence attends to its keys
+    up to its last local query (``causal``: the bottom-right alignment then puts every query at its global
+    position) or to all of them."""
+    if not isinstance(cp, ContextParallel):
+        raise TypeError(f"prism_attention: cp_context must be a lamina.distributed.ContextParallel, "
+                        f"got {type(cp).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"prism_attention: {name} must be a 4-d tensor [B, T, heads, D] with cp_context")
+    B, T, H, D = q.shape
+    if k.shape[:2] != (B, T) or v.shape != k.shape:
+        raise ValueError(f"prism_attention: with cp_context k and v must be [B, T, HKV, D] with q's B and T "
+                         f"(self-attention), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    left, right = window_size if isinstance(window_size, (tuple, list)) and len(window_size) == 2 else (-1, -1)
+    if not causal and (left, right) != (-1, -1):
+        raise ValueError("prism_attention: with cp_context a sliding window needs causal=True")
+    agree(cp, "prism_attention", {"B": B, "T (local)": T, "H": H, "HKV": k.shape[2], "D": D,
+                                  "dtype": list(_DTYPES).index(q.dtype) if q.dtype in _DTYPES else -1,
+                                  "causal": bool(causal), "return_lse": bool(return_lse),
+                                  "cu_seqlens": _layout_id(cp),
+                                  "gradients": torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))})
+    _check_packed(cp, "prism_attention", B, T)
+    kv = _AllGather.apply(torch.stack([k, v]), cp.group)  # [R, 2, B, T, HKV, D]
+    keys, values = (torch.cat(list(kv[:, i].unbind(0)), dim=1) for i in (0, 1))  # [B, R * T, HKV, D]
+    options = dict(causal=causal, scale=scale, return_lse=return_lse, backend=backend, window_size=window_size,
+                   softcap=softcap)
+    if cp.cu_seqlens is None:
+        stop = (cp.rank + 1) * T if causal else cp.world_size * T
+        return attention(q, keys[:, :stop], values[:, :stop], **options)
+    layout = cp.local_layout(T)
+    cu = cp.cu_seqlens
+    spans = [(cu[s], layout.start + layout.cu_seqlens[i + 1] if causal else cu[s + 1])
+             for i, s in enumerate(layout.seq_ids)]
+    index = torch.cat([torch.arange(lo, hi, device=q.device) for lo, hi in spans])
+    lengths = torch.tensor([0] + [hi - lo for lo, hi in spans]).cumsum(0)
+    cu_k = lengths.to(device=q.device, dtype=torch.int32)
+    cu_q = local_cu_seqlens(cp, T, q.device)
+    return attention(q, keys[:, index], values[:, index], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                     max_seqlen_q=max(b - a for a, b in zip(layout.cu_seqlens, layout.cu_seqlens[1:])),
+                     max_seqlen_k=max(hi - lo for lo, hi in spans), **options)
+
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-__all__ = ["ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "context_halo", "delta_rule_context_parallel",
-           "local_cu_seqlens", "next_tokens"]
+__all__ = ["ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "attention_context_parallel", "context_halo",
+           "delta_rule_context_parallel", "local_cu_seqlens", "next_tokens"]

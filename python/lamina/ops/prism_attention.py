@@ -366,6 +366,7 @@ def prism_attention(
     *,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    cp_context: object | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention for head dims 16..512 (multiples of 8), forward and backward.
 
@@ -388,11 +389,26 @@ def prism_attention(
             ``causal`` the right bound is 0). Keyword-only.
         softcap: FlashAttention's logit softcapping: scores become ``softcap * tanh(scores / softcap)``
             before the softmax; 0 is off. Keyword-only. lse is that of the capped scores.
+        cp_context: a ``lamina.distributed.ContextParallel`` (keyword-only): q, k and v hold this rank's
+            tokens of self-attention over sequences split across its ranks (``cp.shard``; T == S, the
+            packed layout is the context's, so no ``cu_seqlens_*``). Every rank gathers the keys and
+            values up to its last query (all of them without ``causal``) and attends its queries to
+            them; gradients reach the ranks the keys came from. Windows need ``causal``.
 
     Returns:
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
         A query row that sees no key (causal with T > S, or outside its window) has o = 0 and lse = -inf.
     """
+    if cp_context is not None:
+        from lamina.distributed import attention_context_parallel
+
+        for name, given in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                            ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if given is not None:
+                raise ValueError(f"prism_attention: {name} cannot be combined with cp_context (the packed "
+                                 "layout is the context's: ContextParallel(cu_seqlens=...))")
+        return attention_context_parallel(cp_context, prism_attention, q, k, v, causal, scale, return_lse,
+                                          backend, window_size, softcap)
     return prism_attention_with_layout(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, return_lse, backend, window_size=window_size, softcap=softcap)
 
