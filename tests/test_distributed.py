@@ -265,6 +265,7 @@ def test_context_parallel_equals_one_process(tmp_path, world):
     _spawn(tmp_path, world, "equal")
 
 
+@pytest.mark.grid  # the chunk kernels under the interpreter run in the other interpret tests too
 @pytest.mark.interpret
 def test_context_parallel_on_the_triton_kernels(tmp_path):
     _spawn(tmp_path, 2, "equal", backend="triton")
@@ -294,3 +295,26 @@ def test_without_a_process_group_or_with_fla_context():
     q = torch.randn(1, 8, 1, 4)
     with pytest.raises(TypeError, match="cp_context must be a lamina.distributed.ContextParallel"):
         lamina.chunk_kda(q, q, q, -torch.rand(1, 8, 1, 4), torch.rand(1, 8, 1), cp_context=object())
+
+
+def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys):
+    """``lamina bench context-parallel`` on CPU (gloo): a record per op and rank count, with the bytes the
+    collectives exchanged (none on one rank; the gathered maps on two)."""
+    from lamina.bench.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    out = tmp_path / "cp.jsonl"
+    assert main(["context-parallel", "--ranks", "1,2", "--tokens", "64", "--heads", "2", "--dim", "16",
+                 "--repeats", "1", "--op", "chunk_gated_delta_rule,prism_attention", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    import json
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["params"]["ranks"]) for r in records] == [
+        ("chunk_gated_delta_rule", 1), ("prism_attention", 1), ("chunk_gated_delta_rule", 2), ("prism_attention", 2)]
+    assert all(r["ms"] > 0 for r in records)
+    one, two = records[0]["comm_bytes_per_rank"], records[2]["comm_bytes_per_rank"]
+    # two ranks: the call's description (2 x 14 int64) and the maps [2, HV=2, K=16, K+V=32] float32, gathered
+    # forward and all-reduced backward
+    assert one == 0 and two == 2 * 14 * 8 + 2 * (2 * 2 * 16 * 32 * 4)
+    assert "vs 1 rank" in capsys.readouterr().out

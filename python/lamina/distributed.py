@@ -30,6 +30,19 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# Bytes this process has exchanged through the collectives below (the size of each collective's result),
+# for the scaling benchmark; ``traffic_bytes()`` reads it.
+_TRAFFIC = [0]
+
+
+def traffic_bytes(reset: bool = False) -> int:
+    """Bytes this rank's collectives have produced since the last reset (all-gather: the gathered tensor;
+    all-reduce: the reduced one)."""
+    seen = _TRAFFIC[0]
+    if reset:
+        _TRAFFIC[0] = 0
+    return seen
+
 
 class _AllGather(torch.autograd.Function):
     """Every rank's ``x`` stacked along a new dim 0 ``[R, ...]``; backward: the all-reduced gradient's row."""
@@ -39,12 +52,14 @@ class _AllGather(torch.autograd.Function):
         ctx.group = group
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x.contiguous(), group=group)
+        _TRAFFIC[0] += x.numel() * x.element_size() * len(parts)
         return torch.stack(parts)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
+        _TRAFFIC[0] += grad.numel() * grad.element_size()
         return grad[dist.get_rank(ctx.group)], None
 
 
@@ -303,6 +318,7 @@ def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
     """The sum over the ranks of ``x`` (not differentiable: counts and reported values)."""
     out = x.detach().clone()
     dist.all_reduce(out, group=cp.group)
+    _TRAFFIC[0] += out.numel() * out.element_size()
     return out
 
 
@@ -355,4 +371,4 @@ def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torc
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 __all__ = ["ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "attention_context_parallel", "context_halo",
-           "delta_rule_context_parallel", "local_cu_seqlens", "next_tokens"]
+           "delta_rule_context_parallel", "local_cu_seqlens", "next_tokens", "traffic_bytes"]

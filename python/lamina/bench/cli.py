@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -235,10 +236,47 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
+def _context_parallel(argv: list[str]) -> int:
+    from lamina.bench.context_parallel import CP_OPS, format_table, run_scaling
+
+    p = argparse.ArgumentParser(prog="lamina bench context-parallel",
+                                description="time per token and communication vs the number of ranks "
+                                            "(processes started here: gloo on CPU, NCCL on CUDA with one GPU each)")
+    p.add_argument("--op", action="append", help=f"op(s), comma-separated: {', '.join(CP_OPS)} "
+                                                 "(default: chunk_gated_delta_rule,prism_attention)")
+    p.add_argument("--ranks", default="1,2", help="rank counts, comma-separated (default 1,2)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--tokens", type=int, default=4096, help="tokens of the whole sequence (default 4096)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64, help="head dim (K = V = D)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per case (the median counts)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="CPU threads shared by the ranks (default: every core)")
+    p.add_argument("--out", help="also append the records to this JSON lines file")
+    args = p.parse_args(argv)
+    ops = _csv(args.op) or ["chunk_gated_delta_rule", "prism_attention"]
+    _check_names("op", ops, CP_OPS)
+    try:
+        ranks = [int(r) for r in args.ranks.split(",")]
+    except ValueError:
+        raise UsageError(f"--ranks: comma-separated integers, got {args.ranks!r}") from None
+    try:
+        records = run_scaling(ops, ranks, _resolve_device(args.device), args.tokens, args.heads, args.dim,
+                              args.repeats, args.threads)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_table(records))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``lamina bench``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    handlers = {"providers": _providers, "ceilings": _ceilings, "summary": _summary, "plot": _plot}
+    handlers = {"providers": _providers, "ceilings": _ceilings, "summary": _summary, "plot": _plot,
+                "context-parallel": _context_parallel}
     try:
         if argv and argv[0] in handlers:
             return handlers[argv[0]](argv[1:])
