@@ -83,17 +83,23 @@ def _worker(rank: int, world: int, rendezvous: str, args: dict, out_file: str) -
                 if cuda:
                     torch.cuda.synchronize()
                 times.append((time.perf_counter() - start) * 1e3)
-            ms = statistics.median(times)
+            times.sort()
+            spread = [statistics.median(times), times[int(0.2 * (len(times) - 1))],
+                      times[round(0.8 * (len(times) - 1))]]
             sent = traffic_bytes(reset=True) / args["repeats"]
-            if world > 1:  # the slowest rank's median
-                worst = torch.tensor([ms], device=device, dtype=torch.float64)
+            if world > 1:  # the slowest rank's
+                worst = torch.tensor(spread, device=device, dtype=torch.float64)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-                ms = worst.item()
+                spread = worst.tolist()
+            ms = spread[0]
             if rank == 0:
-                record = {"kind": "result", "op": op, "provider": "lamina-cp", "mode": "fwd+bwd", "status": "ok",
-                          "device": str(device.type), "ms": ms,
+                dt = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+                record = {"kind": "result", "op": op, "provider": f"lamina-cp{world}", "mode": "fwd+bwd",
+                          "status": "ok", "device": str(device.type), "ms": ms, "ms_p20": spread[1],
+                          "ms_p80": spread[2], "runs": len(times), "dtype": dt,
+                          "shape": f"1x{args['tokens']}x{args['heads']}x{args['dim']} {dt}",
                           "params": {"ranks": world, "tokens": args["tokens"], "heads": args["heads"],
-                                     "dim": args["dim"], "dtype": str(dtype).removeprefix("torch.")},
+                                     "dim": args["dim"], "dtype": dt},
                           "us_per_token": ms * 1e3 / args["tokens"], "comm_bytes_per_rank": sent}
                 with open(out_file, "a") as f:
                     f.write(json.dumps(record) + "\n")
