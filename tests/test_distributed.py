@@ -318,3 +318,19 @@ def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys
     # forward and all-reduced backward
     assert one == 0 and two == 2 * 14 * 8 + 2 * (2 * 2 * 16 * 32 * 4)
     assert "vs 1 rank" in capsys.readouterr().out
+
+
+def test_readme_torchrun_example_trains_on_cpu():
+    """The README's torchrun command, on CPU with gloo and two ranks: two steps, the whole sequence's loss."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2",
+                           "--tokens", "128", "--hidden-size", "32", "--layers", "1"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "step 1: loss" in done.stdout and "(2 ranks x 64 tokens)" in done.stdout, done.stdout
