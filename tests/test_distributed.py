@@ -128,6 +128,26 @@ def _check_bad_input(rank: int, world: int, backend: str) -> None:
     # a sequence length the ranks cannot share
     with pytest.raises(ValueError, match=f"shard: x has {world * L + 1} positions along dim 1, not divisible"):
         cp.shard(torch.zeros(1, world * L + 1, 2))
+    # malformed layouts and arguments the context cannot take: local errors, before any exchange
+    for bad, match in (([0, 5, 5, world * L], "strictly increasing"), ([3, world * L], "starting at 0"),
+                       (torch.tensor([[0, world * L]]), "1-d integer tensor"), ([0.0, 4.0], "must be integer offsets")):
+        with pytest.raises(ValueError, match=match):
+            ContextParallel(cu_seqlens=bad)
+    x = local["q"]
+    with pytest.raises(ValueError, match="cu_seqlens_q cannot be combined with cp_context"):
+        lamina.prism_attention(x, x, x, cp_context=cp, cu_seqlens_q=torch.tensor([0, L], dtype=torch.int32))
+    with pytest.raises(ValueError, match="sliding window needs causal=True"):
+        lamina.prism_attention(x, x, x, causal=False, window_size=(4, 4), cp_context=cp)
+    from lamina.layers import GatedDeltaNet
+
+    layer = GatedDeltaNet(hidden_size=32, num_heads=2)
+    hidden = torch.randn(2, L, 32)
+    with pytest.raises(ValueError, match="attention_mask cannot be combined with cp_context"):
+        layer(hidden, attention_mask=torch.ones(2, L, dtype=torch.bool), cp_context=cp)
+    with pytest.raises(ValueError, match="use_cache cannot be combined with cp_context"):
+        layer(hidden, use_cache=True, cp_context=cp)
+    with pytest.raises(ValueError, match="with cp_context every rank needs at least 4 tokens"):
+        layer(hidden[:, :3], cp_context=cp)
     # after every error the ranks still agree: a good call runs
     o, _, _ = _run("chunk_kda", local, extra, cp_context=cp, backend=backend)
     assert o.shape == local["v"].shape
