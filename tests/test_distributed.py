@@ -154,25 +154,30 @@ def _check_bad_input(rank: int, world: int, backend: str) -> None:
 
 
 def _check_layers(rank: int, world: int, backend: str) -> None:
-    """The four fla layers (short convolutions on) with ``cp_context`` against one process in float64: outputs,
+    """The four fla layers (short convolutions on) and PrismAttention (rotary) with ``cp_context`` against one
+    process in float64: outputs,
     the input's gradient, every parameter's gradient (summed over the ranks); dense rows and packed sequences."""
-    from lamina.layers import DeltaNet, GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention
+    from lamina.layers import DeltaNet, GatedDeltaNet, GatedDeltaNet2, KimiDeltaAttention, PrismAttention
 
-    for cls in (DeltaNet, GatedDeltaNet, KimiDeltaAttention, GatedDeltaNet2):
+    for cls in (DeltaNet, GatedDeltaNet, KimiDeltaAttention, GatedDeltaNet2, PrismAttention):
         for varlen in (False, True):
             torch.manual_seed(zlib.crc32(cls.__name__.encode()))  # the same weights and inputs on every rank
-            ref = cls(hidden_size=32, num_heads=2).double()
+            if cls is PrismAttention:  # rotary positions: the whole sequences'
+                ref = cls(d_model=32, n_heads=2, n_kv_heads=1).double()
+            else:
+                ref = cls(hidden_size=32, num_heads=2).double()
             layer = copy.deepcopy(ref).float()
             cu = PACKS[world] if varlen else None
             x = torch.randn(1 if varlen else 2, world * L, 32, dtype=torch.float64)
             do = torch.randn_like(x)
             x_ref = x.clone().requires_grad_()
-            o = ref(x_ref, cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))[0]
+            first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731  (fla layers: a tuple)
+            o = first(ref(x_ref, cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32)))
             ref_grads = torch.autograd.grad((o * do).sum(), [x_ref, *ref.parameters()])
 
             cp = ContextParallel(cu_seqlens=cu)
             x_cp = cp.shard(x).float().requires_grad_()
-            o_cp = layer(x_cp, cp_context=cp)[0]
+            o_cp = first(layer(x_cp, cp_context=cp))
             grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum(), [x_cp, *layer.parameters()])
             where = f"{cls.__name__} {'packed' if varlen else 'dense'} rank {rank}/{world}"
             assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
@@ -184,7 +189,7 @@ def _check_layers(rank: int, world: int, backend: str) -> None:
 
 
 def _check_fsdp_training(rank: int, world: int, backend: str) -> None:
-    """A 2-layer LinearLM trained for a few SGD steps (a wrong gradient scale shows) with FSDP2 (fully_shard)
+    """A 2-layer hybrid LinearLM trained for a few SGD steps (a wrong gradient scale shows) with FSDP2 (fully_shard)
     and context parallelism gives the loss curve of one process training the whole sequences (mean of the
     ranks' losses)."""
     from torch.distributed.fsdp import fully_shard
@@ -193,7 +198,9 @@ def _check_fsdp_training(rank: int, world: int, backend: str) -> None:
     from lamina.models import LinearLM, LinearLMConfig
 
     torch.manual_seed(0)
-    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, layer="GatedDeltaNet", num_heads=2))
+    # a hybrid: a GatedDeltaNet block, then a PrismAttention block
+    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, layer="GatedDeltaNet", num_heads=2,
+                                  attention_every=2))
     model = copy.deepcopy(ref)
     for block in model.blocks:  # the modules LinearLM calls (it runs each block's parts in turn)
         fully_shard(block.mixer)

@@ -17,6 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -25,7 +26,7 @@ from torch import nn
 from lamina._dispatch import BACKENDS
 from lamina._validate import check_bool, check_layer_input, check_same_device, check_token_ids, read_offsets
 from lamina.generation import GenerationMixin, prefix_lengths
-from lamina.layers.rotary import RotaryEmbedding, apply_rotary
+from lamina.layers.rotary import RotaryEmbedding, apply_rotary, rotary_positions
 from lamina.schedule import PrismSchedule
 
 NORMS = ("layernorm", "rmsnorm")
@@ -323,6 +324,7 @@ class PrismAttention(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         causal: bool = True,
         attention_mask: torch.Tensor | None = None,
+        cp_context: Any | None = None,
     ) -> torch.Tensor:
         """Attend ``x: [B, T, d_model]`` to itself and to the tokens in ``cache``.
 
@@ -338,11 +340,17 @@ class PrismAttention(nn.Module):
             attention_mask: with ``cache`` only: ``[B, T]`` 0/1 with the ones first in every row (right
                 padding); row ``b`` keeps its first ``attention_mask[b].sum()`` tokens in the cache
                 (the outputs at its padding are unspecified). None: every row keeps all T.
+            cp_context: a ``lamina.distributed.ContextParallel``: ``x`` holds this rank's tokens of sequences
+                split across its ranks (``cp.shard``); rotary positions are the whole sequences' and the
+                attention is context-parallel (``prism_attention(cp_context=)``). Not with ``cache`` or
+                ``cu_seqlens`` (the packed layout is the context's).
 
         Returns: ``[B, T, d_model]``.
         """
         check_layer_input("x", x, self, width=self.d_model, width_name="d_model")
         causal = check_bool("causal", causal)
+        if cp_context is not None:
+            return self._forward_context_parallel(x, causal, cp_context, cache, cu_seqlens, attention_mask)
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
         if cache is not None and cu_seqlens is not None:
@@ -360,6 +368,30 @@ class PrismAttention(nn.Module):
         q, k, v = self.project(x, cu_seqlens=cu_seqlens)
         o = _attention_with_layout()(q, k, v, causal, None, cu_seqlens, cu_seqlens, None, None, False, self.backend,
                                      layout=varlen)
+        return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
+
+    def _forward_context_parallel(self, x: torch.Tensor, causal: bool, cp: Any, cache: KVCache | None,
+                                  cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        from lamina.distributed import ContextParallel
+
+        if not isinstance(cp, ContextParallel):
+            raise TypeError(f"cp_context must be a lamina.distributed.ContextParallel, got {type(cp).__name__}")
+        for arg, given in (("cache", cache), ("cu_seqlens", cu_seqlens), ("attention_mask", attention_mask)):
+            if given is not None:
+                raise ValueError(f"PrismAttention: {arg} cannot be combined with cp_context (training and prefill of "
+                                 "whole sequences; the packed layout is the context's)")
+        T = x.shape[1]
+        if cp.cu_seqlens is not None and cp.cu_seqlens[-1] != T * cp.world_size:
+            raise ValueError(f"PrismAttention: the context's cu_seqlens pack {cp.cu_seqlens[-1]} tokens, but "
+                             f"{cp.world_size} ranks x {T} local tokens = {T * cp.world_size}")
+        q, k, v = self._qkv(x)
+        if self.rotary is not None:
+            layout = None if cp.cu_seqlens is None else torch.tensor(cp.cu_seqlens, device=x.device)
+            positions = rotary_positions(T * cp.world_size, 0, layout, device=x.device)[cp.rank * T:(cp.rank + 1) * T]
+            q, k = self.rotary(q, k, positions=positions)
+        from lamina.ops.prism_attention import prism_attention
+
+        o = prism_attention(q, k, v, causal=causal, backend=self.backend, cp_context=cp)
         return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
 
     def _forward_cached(self, x: torch.Tensor, cache: KVCache, causal: bool,
@@ -439,12 +471,13 @@ class PrismBlock(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         causal: bool = True,
         attention_mask: torch.Tensor | None = None,
+        cp_context: Any | None = None,
     ) -> torch.Tensor:
         """``x: [B, T, d_model]`` -> ``[B, T, d_model]``; ``cache``, ``cu_seqlens``, ``causal``,
-        ``attention_mask`` as in ``PrismAttention.forward``."""
+        ``attention_mask``, ``cp_context`` as in ``PrismAttention.forward``."""
         check_layer_input("x", x, self, width=self.attn.d_model, width_name="d_model")
         x = x + self.attn(self.attn_norm(x), cache=cache, cu_seqlens=cu_seqlens, causal=causal,
-                          attention_mask=attention_mask)
+                          attention_mask=attention_mask, cp_context=cp_context)
         return x + self.mlp(self.mlp_norm(x))
 
 

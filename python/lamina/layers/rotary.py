@@ -97,11 +97,14 @@ class RotaryEmbedding(nn.Module):
         k: torch.Tensor,
         offset: int = 0,
         cu_seqlens: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q: [B, T, H, D]`` and ``k: [B, T, HKV, D]``.
 
         Token ``t`` sits at position ``offset + t`` (``offset`` = tokens already in a KV cache),
-        or at its index inside its own sequence when ``cu_seqlens [N + 1]`` packs sequences (B = 1).
+        or at its index inside its own sequence when ``cu_seqlens [N + 1]`` packs sequences (B = 1),
+        or at ``positions[t]`` when given (``[T]`` integers; then neither ``offset`` nor ``cu_seqlens``).
         """
         check_tensor("q", q, ndim=4)
         check_tensor("k", k, ndim=4)
@@ -111,7 +114,10 @@ class RotaryEmbedding(nn.Module):
             )
         if q.shape[:2] != k.shape[:2]:
             raise ValueError(f"q and k must share [B, T], got q {tuple(q.shape)} and k {tuple(k.shape)}")
-        positions = rotary_positions(q.shape[1], offset, cu_seqlens, device=q.device)
+        if positions is None:
+            positions = rotary_positions(q.shape[1], offset, cu_seqlens, device=q.device)
+        elif offset or cu_seqlens is not None or positions.shape != (q.shape[1],) or positions.is_floating_point():
+            raise ValueError(f"positions must be [T={q.shape[1]}] integers, without offset or cu_seqlens")
         cos, sin = self.cos_sin(positions, q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 

@@ -189,7 +189,7 @@ class LinearLM(GenerationMixin, nn.Module):
         predicting ``labels[:, t + 1]`` from position ``t``. ``cache``/``attention_mask``: decoding, as in
         ``decode``.
 
-        ``cp_context`` (``lamina.distributed.ContextParallel``, delta-rule stacks): ``input_ids`` and
+        ``cp_context`` (``lamina.distributed.ContextParallel``): ``input_ids`` and
         ``labels`` are this rank's tokens of sequences split across the context's ranks (``cp.shard``);
         the logits are this rank's, and the loss is this rank's share scaled by the number of ranks: the
         mean over ranks is the whole sequences' loss, so the gradient averaging of data parallelism (DDP,
@@ -204,9 +204,6 @@ class LinearLM(GenerationMixin, nn.Module):
             if cache is not None:
                 raise ValueError("cache cannot be combined with cp_context (context parallelism is for training "
                                  "and prefill; decode on one rank)")
-            if self.config.attention_every:
-                raise ValueError("cp_context: context parallelism covers the delta-rule layers; this model has "
-                                 "attention layers (attention_every > 0)")
         x = self.embed(input_ids)
         attention_index = delta_index = 0
         routed = None
@@ -215,7 +212,7 @@ class LinearLM(GenerationMixin, nn.Module):
             if isinstance(block.mixer, PrismAttention):
                 layer_cache = None if cache is None else cache.attention.layers[attention_index]
                 attention_index += 1
-                out = block.mixer(h, cache=layer_cache, attention_mask=attention_mask)
+                out = block.mixer(h, cache=layer_cache, attention_mask=attention_mask, cp_context=cp_context)
             else:
                 values = None if routed is None else self.routers[delta_index - 1](routed)
                 send = delta_index < len(self.routers)  # a later delta-rule layer receives what this one routes
