@@ -259,8 +259,37 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
             assert_close(f"{where}: d{name}", grad, cp.shard(want), scale=gradient_scale(want))
 
 
-SCENARIOS = {"attention": _check_attention, "equal": _check_equal_to_one_process, "bad": _check_bad_input,
-             "layers": _check_layers, "fsdp": _check_fsdp_training}
+def _check_ddp_training(rank: int, world: int, backend: str) -> None:
+    """DistributedDataParallel over the context's ranks (every rank a shard of the same sequences): the same
+    loss curve as one process, with SGD."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lamina.distributed import all_reduce_sum
+    from lamina.models import LinearLM, LinearLMConfig
+
+    torch.manual_seed(0)
+    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, layer="KimiDeltaAttention",
+                                  num_heads=2))
+    model = DistributedDataParallel(copy.deepcopy(ref))
+    opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.5), torch.optim.SGD(model.parameters(), lr=0.5)
+    cp = ContextParallel()
+    ids = torch.randint(0, 64, (2, world * L), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[:, 5] = -100  # an ignored target on the first rank: the loss counts targets over all ranks
+    for _ in range(3):
+        loss_ref = ref(ids, labels=labels).loss
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        loss = model(cp.shard(ids), labels=cp.shard(labels), cp_context=cp).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(all_reduce_sum(cp, loss) / world, loss_ref.detach(), rtol=1e-5, atol=0)
+
+
+SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "equal": _check_equal_to_one_process,
+             "bad": _check_bad_input, "layers": _check_layers, "fsdp": _check_fsdp_training}
 
 
 def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) -> None:
@@ -309,6 +338,10 @@ def test_layers_with_context_parallel_equal_one_process(tmp_path):
 
 def test_fsdp2_training_with_context_parallel_follows_one_process(tmp_path):
     _spawn(tmp_path, 2, "fsdp")
+
+
+def test_ddp_training_with_context_parallel_follows_one_process(tmp_path):
+    _spawn(tmp_path, 2, "ddp")
 
 
 def test_mismatched_calls_raise_on_every_rank(tmp_path):
