@@ -1,8 +1,8 @@
 """Train a small LinearLM on one long sequence split across ranks: FSDP2 shards the weights, context
 parallelism splits the tokens.
 
-    torchrun --nproc-per-node 4 examples/train_context_parallel.py --tokens 65536   # 4 GPUs (NCCL)
-    torchrun --nproc-per-node 2 examples/train_context_parallel.py --device cpu      # CPU (gloo)
+    torchrun --standalone --nproc-per-node 4 examples/train_context_parallel.py --tokens 65536   # 4 GPUs (NCCL)
+    torchrun --standalone --nproc-per-node 2 examples/train_context_parallel.py --device cpu      # CPU (gloo)
 
 Every rank builds the same sequence of token ids (here synthetic: each token is the previous one plus 7,
 modulo the vocabulary, from a random start, so the loss falls), keeps its part (``cp.shard``) and runs

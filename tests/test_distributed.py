@@ -188,43 +188,61 @@ def _check_layers(rank: int, world: int, backend: str) -> None:
                 assert_close(f"{where}: d{name}", grad, want, scale=gradient_scale(want))
 
 
-def _check_fsdp_training(rank: int, world: int, backend: str) -> None:
-    """A 2-layer hybrid LinearLM trained for a few SGD steps (a wrong gradient scale shows) with FSDP2 (fully_shard)
-    and context parallelism gives the loss curve of one process training the whole sequences (mean of the
-    ranks' losses)."""
-    from torch.distributed.fsdp import fully_shard
-
+def _same_training(wrap, config: dict, labels_of, world: int, steps: int) -> None:
+    """A LinearLM trained with SGD (a wrong gradient scale shows) in one process and, wrapped by ``wrap``
+    (FSDP2 or DDP), with context parallelism over the ranks: the whole sequence's loss (the mean of the
+    ranks' shares) equals the one-process loss at every step. float32 both ways; the context-parallel run
+    sums in another order, which 1e-5 relative covers; a wrong gradient (a missing rank's share, a wrong
+    shift at a boundary) moves the curve by far more."""
     from lamina.distributed import all_reduce_sum
     from lamina.models import LinearLM, LinearLMConfig
 
     torch.manual_seed(0)
-    # a hybrid: a GatedDeltaNet block, then a PrismAttention block
-    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, layer="GatedDeltaNet", num_heads=2,
-                                  attention_every=2))
-    model = copy.deepcopy(ref)
-    for block in model.blocks:  # the modules LinearLM calls (it runs each block's parts in turn)
-        fully_shard(block.mixer)
-        fully_shard(block.mlp)
-    fully_shard(model)
+    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, **config))
+    model = wrap(copy.deepcopy(ref))
     opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.5), torch.optim.SGD(model.parameters(), lr=0.5)
     cp = ContextParallel()
     ids = torch.randint(0, 64, (2, world * L), generator=torch.Generator().manual_seed(1))
+    labels = labels_of(ids)
     curve_ref, curve = [], []
-    for _ in range(4):
-        loss_ref = ref(ids, labels=ids).loss
-        loss_ref.backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        loss = model(cp.shard(ids), labels=cp.shard(ids), cp_context=cp).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        curve_ref.append(loss_ref.item())
-        curve.append(all_reduce_sum(cp, loss).item() / world)
-    # float32 both ways; the context-parallel run sums in another order: 1e-5 relative covers that, and a
-    # wrong gradient (a missing rank's share, a wrong shift at a boundary) moves the curve by far more
+    for _ in range(steps):
+        for net, optimizer, args, losses in ((ref, opt_ref, {"input_ids": ids, "labels": labels}, curve_ref),
+                                             (model, opt, {"input_ids": cp.shard(ids), "labels": cp.shard(labels),
+                                                           "cp_context": cp}, curve)):
+            loss = net(**args).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item() if net is ref else all_reduce_sum(cp, loss).item() / world)
     torch.testing.assert_close(torch.tensor(curve), torch.tensor(curve_ref), rtol=1e-5, atol=0)
     assert curve[-1] < curve[0], curve
+
+
+def _check_fsdp_training(rank: int, world: int, backend: str) -> None:
+    """FSDP2 (fully_shard) and context parallelism, a hybrid model (a GatedDeltaNet block, then a
+    PrismAttention block)."""
+    from torch.distributed.fsdp import fully_shard
+
+    def wrap(model):
+        for block in model.blocks:  # the modules LinearLM calls (it runs each block's parts in turn)
+            fully_shard(block.mixer)
+            fully_shard(block.mlp)
+        return fully_shard(model)
+
+    _same_training(wrap, {"layer": "GatedDeltaNet", "attention_every": 2}, lambda ids: ids, world, steps=4)
+
+
+def _check_ddp_training(rank: int, world: int, backend: str) -> None:
+    """DistributedDataParallel over the context's ranks, a KDA model, an ignored target on the first rank (the
+    loss counts targets over all ranks)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def ignore_one(ids):
+        labels = ids.clone()
+        labels[:, 5] = -100
+        return labels
+
+    _same_training(DistributedDataParallel, {"layer": "KimiDeltaAttention"}, ignore_one, world, steps=3)
 
 
 def _check_attention(rank: int, world: int, backend: str) -> None:
@@ -257,35 +275,6 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
         assert_close(f"{where}: lse", lse_cp, cp.shard(lse.detach(), dim=2))
         for name, grad, want in zip("qkv", grads, ref_grads):
             assert_close(f"{where}: d{name}", grad, cp.shard(want), scale=gradient_scale(want))
-
-
-def _check_ddp_training(rank: int, world: int, backend: str) -> None:
-    """DistributedDataParallel over the context's ranks (every rank a shard of the same sequences): the same
-    loss curve as one process, with SGD."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    from lamina.distributed import all_reduce_sum
-    from lamina.models import LinearLM, LinearLMConfig
-
-    torch.manual_seed(0)
-    ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, layer="KimiDeltaAttention",
-                                  num_heads=2))
-    model = DistributedDataParallel(copy.deepcopy(ref))
-    opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.5), torch.optim.SGD(model.parameters(), lr=0.5)
-    cp = ContextParallel()
-    ids = torch.randint(0, 64, (2, world * L), generator=torch.Generator().manual_seed(2))
-    labels = ids.clone()
-    labels[:, 5] = -100  # an ignored target on the first rank: the loss counts targets over all ranks
-    for _ in range(3):
-        loss_ref = ref(ids, labels=labels).loss
-        loss_ref.backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-        loss = model(cp.shard(ids), labels=cp.shard(labels), cp_context=cp).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        torch.testing.assert_close(all_reduce_sum(cp, loss) / world, loss_ref.detach(), rtol=1e-5, atol=0)
 
 
 SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "equal": _check_equal_to_one_process,
@@ -388,7 +377,7 @@ def test_readme_torchrun_example_trains_on_cpu():
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2",
                            "--tokens", "128", "--hidden-size", "32", "--layers", "1"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=root)
