@@ -44,29 +44,67 @@ def test_report_detects_spills_and_hgmma():
 # The SM versions to compile for: lamina info's default (sm_90 and sm_80) unless LAMINA_STATIC_REPORT_ARCHS
 # names them ("90" or "90,80"); CI's second leg (the GPU image's Triton) compiles for the GPU's sm_90 only.
 ARCHS = os.environ.get("LAMINA_STATIC_REPORT_ARCHS", "90,80")
+# The report is compiled in parts (`lamina info --kernels --shard K/N`), one test each, one compile process
+# each: pytest-xdist spreads them over its workers, and no single test runs for the whole report.
+SHARDS = 8
 
 
 @pytest.mark.versions
-def test_every_default_kernel_config_compiles_without_spills():
-    proc = _run(["-m", "lamina.info", "--kernels", "--json", "--arch", ARCHS])
+@pytest.mark.parametrize("shard", range(1, SHARDS + 1))
+def test_every_default_kernel_config_compiles_without_spills(shard):
+    proc = _run(["-m", "lamina.info", "--kernels", "--json", "--arch", ARCHS, "--jobs", "1",
+                 "--shard", f"{shard}/{SHARDS}"])
     assert proc.stdout, proc.stderr
-    saved = os.environ.get("LAMINA_STATIC_REPORT_JSON")
-    if saved:  # CI prints the table from this file (`lamina info --kernels --from-json`) instead of compiling twice
-        Path(saved).write_text(proc.stdout)
+    saved = os.environ.get("LAMINA_STATIC_REPORT_DIR")
+    if saved:  # CI prints the table from these files (`lamina info --kernels --from-json`) instead of compiling twice
+        Path(saved).mkdir(parents=True, exist_ok=True)
+        (Path(saved) / f"shard-{shard}-of-{SHARDS}.json").write_text(proc.stdout)
     rows = json.loads(proc.stdout)
-    from lamina.kernels import KERNEL_MODULES
-
-    modules = {r["module"] for r in rows}
-    assert rows, "no kernel configuration is registered"
+    assert rows, f"shard {shard}/{SHARDS} compiled no kernel configuration"
     bad = [f'{r["name"]}[{r["config"]}] sm_{r["arch"]}: {"; ".join(r["problems"])}'
            for r in rows if r["default"] and r["problems"]]
     assert not bad, "\n".join(bad)
-    assert {int(a) for a in ARCHS.split(",")} == {r["arch"] for r in rows}
-    missing = set(KERNEL_MODULES) - modules
-    assert not missing, f"kernel modules that register no configuration with the report: {sorted(missing)}"
-    unlisted = modules - set(KERNEL_MODULES)
-    assert not unlisted, f"registered kernels defined in modules missing from KERNEL_MODULES: {sorted(unlisted)}"
+    assert {r["arch"] for r in rows} <= {int(a) for a in ARCHS.split(",")}
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.versions
+def test_the_report_shards_cover_every_kernel_module_once():
+    """Every kernel module registers configurations, and the shards split them without gaps or overlaps."""
+    code = textwrap.dedent(f"""
+        import json
+        from lamina.info import _load_registry
+        from lamina.kernels._utils import raw_jit
+        specs = _load_registry()
+        parts = [[i for i in range(len(specs)) if i % {SHARDS} == k] for k in range({SHARDS})]
+        print(json.dumps({{"modules": sorted({{raw_jit(s.fn).__module__ for s in specs}}), "n": len(specs),
+                          "parts": parts}}))
+    """)
+    proc = _run(["-c", code], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout.strip().splitlines()[-1])
+    from lamina.kernels import KERNEL_MODULES
+
+    missing = set(KERNEL_MODULES) - set(listed["modules"])
+    assert not missing, f"kernel modules that register no configuration with the report: {sorted(missing)}"
+    unlisted = set(listed["modules"]) - set(KERNEL_MODULES)
+    assert not unlisted, f"registered kernels defined in modules missing from KERNEL_MODULES: {sorted(unlisted)}"
+    indices = sorted(i for part in listed["parts"] for i in part)
+    assert indices == list(range(listed["n"])) and all(listed["parts"])
+
+
+def test_shards_partition_the_report(monkeypatch):
+    """kernel_report(shard=(k, n)) compiles the k-th part; the n parts together are the whole report, once."""
+    import lamina.info as info
+
+    specs = [type("Spec", (), {"name": f"k{i}", "meta": {"archs": [90]} if i == 3 else {}})() for i in range(7)]
+    monkeypatch.setattr(info, "_load_registry", lambda: specs)
+    monkeypatch.setattr(info, "_compile_one", lambda i, arch: (i, arch))
+    whole = info.kernel_report((90, 80), jobs=1)
+    parts = [info.kernel_report((90, 80), jobs=1, shard=(k, 3)) for k in (1, 2, 3)]
+    assert sorted(x for part in parts for x in part) == sorted(whole)
+    assert len(whole) == 13 and (3, 80) not in whole
+    assert parts[0] == [(0, 90), (0, 80), (3, 90), (6, 90), (6, 80)]
 
 
 def test_info_runs():
@@ -90,11 +128,17 @@ def test_table_from_a_saved_report(tmp_path):
         proc = _run(["-m", "lamina.info", "--kernels", "--from-json", str(path)])
         assert proc.returncode == status, proc.stderr
         assert f"{len(rows)} compiled configurations, {status} default configurations with problems" in proc.stdout
+    # several saved parts (one per --shard) make one table
+    parts = [tmp_path / "part-1.json", tmp_path / "part-2.json"]
+    for part, row in zip(parts, (ok, spilled)):
+        part.write_text(json.dumps([asdict(row)]))
+    proc = _run(["-m", "lamina.info", "--kernels", "--from-json", *map(str, parts)])
+    assert proc.returncode == 1 and "2 compiled configurations, 1 default configurations with problems" in proc.stdout
     proc = _run(["-m", "lamina.info", "--kernels", "--from-json", str(tmp_path / "missing.json")])
     assert proc.returncode == 2 and "--from-json" in proc.stderr
 
 
-@pytest.mark.parametrize("bad", [["--arch", "75"]])
-def test_info_rejects_unknown_arch(bad):
+@pytest.mark.parametrize("bad", [["--arch", "75"], ["--shard", "0/4"], ["--shard", "5/4"], ["--shard", "2"]])
+def test_info_rejects_unknown_arch_and_bad_shards(bad):
     proc = _run(["-m", "lamina.info", "--kernels", *bad])
-    assert proc.returncode != 0 and "--arch" in proc.stderr
+    assert proc.returncode == 2 and bad[0] in proc.stderr

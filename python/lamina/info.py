@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class KernelReport:
     hgmma: bool = False
     error: str = ""
     module: str = ""
+    seconds: float = 0.0  # compile and inspection time (JSON only)
 
     @property
     def shared_ok(self) -> bool:
@@ -102,6 +104,7 @@ def compile_spec(spec, arch: int) -> KernelReport:
     from lamina.kernels._utils import raw_jit
 
     report = KernelReport(spec.name, spec.config, arch, spec.default, spec.uses_dot)
+    started = time.perf_counter()
     try:
         fn = raw_jit(spec.fn)
         report.module = getattr(fn, "__module__", "") or getattr(getattr(fn, "fn", None), "__module__", "")
@@ -129,15 +132,22 @@ def compile_spec(spec, arch: int) -> KernelReport:
         report.hgmma = "HGMMA" in sass
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the report
         report.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    report.seconds = round(time.perf_counter() - started, 2)
     return report
 
 
-def kernel_report(archs: tuple[int, ...] = DEFAULT_ARCHS, name_filter: str = "", jobs: int | None = None):
-    """Compile every registered configuration for each arch; returns a list of KernelReport."""
+def kernel_report(archs: tuple[int, ...] = DEFAULT_ARCHS, name_filter: str = "", jobs: int | None = None,
+                  shard: tuple[int, int] = (1, 1)):
+    """Compile every registered configuration for each arch; returns a list of KernelReport.
+
+    ``shard=(k, n)`` compiles the k-th of n parts (1 <= k <= n): the configurations whose registration
+    index is k - 1 modulo n, each for every arch, so n runs together compile each configuration once.
+    """
+    part, parts = shard
     specs = _load_registry()
     # meta["archs"]: a configuration that is the default on some targets only is compiled for those
-    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name for arch in archs
-            if arch in s.meta.get("archs", archs)]
+    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name and i % parts == part - 1
+            for arch in archs if arch in s.meta.get("archs", archs)]
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
     if jobs == 1 or len(work) <= 1:
         return [_compile_one(i, a) for i, a in work]
@@ -227,19 +237,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", default="", help="only kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
-    parser.add_argument("--from-json", metavar="FILE",
-                        help="with --kernels: print the table of a report saved by `--kernels --json` instead of "
-                             "compiling again (same exit status)")
+    parser.add_argument("--shard", default="1/1", metavar="K/N",
+                        help="compile only the K-th of N parts of the configurations (1 <= K <= N); "
+                             "N runs with K = 1..N together compile each configuration once")
+    parser.add_argument("--from-json", metavar="FILE", nargs="+",
+                        help="with --kernels: print the table of one or more reports saved by `--kernels --json` "
+                             "(e.g. one per --shard) instead of compiling again (same exit status)")
     args = parser.parse_args(argv)
 
     if args.kernels and args.from_json:
-        try:
-            saved = json.loads(Path(args.from_json).read_text())
-        except (OSError, ValueError) as exc:
-            parser.error(f"--from-json: cannot read a saved report from {args.from_json!r}: {exc}")
         fields = {f for f in KernelReport.__dataclass_fields__}
-        rows = [KernelReport(**{k: v for k, v in r.items() if k in fields}) for r in saved]
+        rows = []
+        for path in args.from_json:
+            try:
+                saved = json.loads(Path(path).read_text())
+            except (OSError, ValueError) as exc:
+                parser.error(f"--from-json: cannot read a saved report from {path!r}: {exc}")
+            rows += [KernelReport(**{k: v for k, v in r.items() if k in fields}) for r in saved]
         return _print_report(rows, as_json=args.json)
+
+    shard = re.fullmatch(r"(\d+)/(\d+)", args.shard)
+    if not shard or not 1 <= int(shard.group(1)) <= int(shard.group(2)):
+        parser.error(f"--shard: expected K/N with 1 <= K <= N (e.g. 2/4), got {args.shard!r}")
 
     if not args.kernels:
         summary = environment_summary()
@@ -265,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     bad_arch = [a for a in archs if a not in SHARED_LIMIT_BYTES]
     if bad_arch:
         parser.error(f"--arch: supported SM versions are {sorted(SHARED_LIMIT_BYTES)}, got {bad_arch}")
-    return _print_report(kernel_report(archs, args.filter, args.jobs), as_json=args.json)
+    part = (int(shard.group(1)), int(shard.group(2)))
+    return _print_report(kernel_report(archs, args.filter, args.jobs, part), as_json=args.json)
 
 
 def _print_report(rows: list[KernelReport], as_json: bool) -> int:
