@@ -11,8 +11,7 @@ Three launches, with ``P = exp(S - lse)`` recomputed from the forward's log-sum-
   over the visible key blocks: ``dQ += scale * dS K``.
 
 Causal masks, sliding windows (``window_size``) and softcapping follow the forward. Both kernels visit only the
-blocks the window reaches; dQ masks only the key blocks a mask cuts (diagonal, window edges, ragged ends),
-dK/dV masks every query block (an unmasked variant spilled, see the kernel).
+blocks the window reaches and mask only the blocks a mask cuts (diagonal, window edges, ragged ends).
 
 Head-dim reductions (``Q K^T``, ``dO V^T``) run over chunks of ``BLOCK_DC`` columns; the outputs
 are written one piece per launch (``prism_attn_common``), as in the forward.
@@ -40,6 +39,7 @@ from lamina.kernels.prism_attn_common import (
     key_range,
     load_tile,
     output_pieces,
+    query_range,
     reduction_chunk,
     sequence_bounds,
     store_tile,
@@ -51,15 +51,18 @@ from lamina.kernels.prism_attn_common import (
 # Tile configurations per head-dim bucket, checked by the static report (0 spills, HGMMA, shared
 # memory within sm_90 and sm_80 limits, measured with 16-divisible strides, bf16, causal).
 # dK/dV hold two fp32 accumulators of the output piece, so their query tile is the smaller one:
-# at D = 128, 64 x 64 spilled on sm_90 (29 STL), 32 x 64 does not; above 128 its head-dim
-# reductions run as a runtime loop over chunks (a static one let the compiler hoist all of K and V
-# into registers: 21-163 STL at D = 512 for every tile tried). dQ's reductions do the same: with a
-# static loop its pipelined chunks needed 288 KB of shared memory at D = 512 (64 x 32 tiles).
+# at D = 64, 64 x 64 spilled on sm_80 (4 STL over one stage, 11 over two), 32 x 64 over two stages 7 STL
+# under Triton 3.6, over one stage it does not; at D = 128,
+# 64 x 64 spilled on sm_90 (29 STL), 32 x 64 does not; above 128, 32 x 64 spilled 4 STL at D = 192 on
+# sm_80, 16 x 64 does not; above 128 the head-dim reductions run as a runtime loop over chunks (a static
+# one let the compiler hoist all of K and V into registers: 21-163 STL at D = 512 for every tile tried).
+# dQ's reductions do the same: with a static loop its pipelined chunks needed 288 KB of shared memory at
+# D = 512 (64 x 32 tiles).
 DKDV_CONFIGS: dict[int, list[triton.Config]] = {
-    64: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
+    64: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
     128: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
-    256: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
-    512: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    256: [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
+    512: [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
 }
 DQ_CONFIGS: dict[int, list[triton.Config]] = {
     64: [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
@@ -68,17 +71,12 @@ DQ_CONFIGS: dict[int, list[triton.Config]] = {
     512: [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2)],
 }
 # With a window or softcapping, where the plain tile spilled in the static report (every flag on,
-# Triton 3.6 or 3.9): dK/dV at D <= 64, 64 x 64 spilled 5 STL on sm_80 and 32 x 64 over two
-# stages 9 STL under Triton 3.6; 32 x 64 over one stage does not (218 registers on sm_80, <= 172 on sm_90);
-# above 128, 32 x 64 spilled 4 STL on sm_80 (with one stage too) and 16 x 64 over two stages 2 STL at
-# D = 192; 16 x 64 over one stage does not (255 / 238 registers); dQ at D <= 64,
-# 128 x 64 spilled 14 STL on sm_80, 64 x 64 does not (215 / 167 registers).
+# Triton 3.6 or 3.9): dK/dV at D = 128, 32 x 64 over two stages spilled 2 STL on sm_90 under Triton 3.6,
+# over one stage it does not; dQ at D <= 64, 128 x 64 spilled 14 STL on sm_80, 64 x 64 does not (215 / 167
+# registers).
 DKDV_OPTION_CONFIGS: dict[int, list[triton.Config]] = {
-    64: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
-    128: DKDV_CONFIGS[128],
-    256: [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
+    **DKDV_CONFIGS, 128: [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=8, num_stages=1)],
 }
-DKDV_OPTION_CONFIGS[512] = DKDV_OPTION_CONFIGS[256]
 DQ_OPTION_CONFIGS: dict[int, list[triton.Config]] = {**DQ_CONFIGS, 64: DQ_CONFIGS[128]}
 DKDV_TABLES = (DKDV_CONFIGS, DKDV_OPTION_CONFIGS)
 DQ_TABLES = (DQ_CONFIGS, DQ_OPTION_CONFIGS)
@@ -124,12 +122,14 @@ def _prism_attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_query_block(dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n,
                       offs_out, rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left,
-                      win_right, cap2, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      win_right, cap2, cut, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_DC: tl.constexpr, KV_RESIDENT: tl.constexpr, MASK_OUT_COLS: tl.constexpr,
                       WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                       SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Add query block ``[start_m, start_m + BLOCK_M)`` to dK and dV of the key block, masked (rows past the
-    sequence, keys past it, the causal/window bounds)."""
+    """Add query block ``[start_m, start_m + BLOCK_M)`` to dK and dV of the key block. Rows past the sequence
+    read as zeros; the causal/window mask is applied only when ``cut`` (a runtime branch: a block that lies in
+    the sequence and sees every key of the block skips it, and keys past the sequence only touch dK/dV rows
+    that are never stored)."""
     q_blk = q_head + start_m * stride_qt.to(tl.int64)
     do_blk = do_head + start_m * stride_dt.to(tl.int64)
     rows_q = len_q - start_m
@@ -143,10 +143,12 @@ def _dkdv_query_block(dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_h
     if SOFTCAP:
         t_t = tanh(s_t / cap2)
         s_t = cap2 * t_t
-    visible = row_ok[None, :] & (offs_n[:, None] < len_k) & window_visible(
-        offs_m[None, :], offs_n[:, None], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
-    # Masked first: a row with lse = -inf (no visible key) must give 0, not inf.
-    p_t = tl.where(visible, tl.math.exp2(s_t - lse[None, :]), 0.0)
+    p_t = tl.math.exp2(s_t - lse[None, :])
+    if cut:
+        visible = row_ok[None, :] & (offs_n[:, None] < len_k) & window_visible(
+            offs_m[None, :], offs_n[:, None], diag, win_left, win_right, WINDOW_LEFT, WINDOW_RIGHT)
+        # a row with lse = -inf (no visible key) gives inf above: the mask makes it 0
+        p_t = tl.where(visible, p_t, 0.0)
     do_out = load_tile(do_blk, stride_dt, offs_out, rows_q, BLOCK_M, HEAD_DIM, True, MASK_OUT_COLS)
     dv = tl.dot(p_t.to(do_out.dtype), do_out, dv, input_precision=DOT_PRECISION)
     dp_t = head_dot(v_res, v_blk, stride_vt, rows_k, do_blk, stride_dt, rows_q,
@@ -204,28 +206,23 @@ def _prism_attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DO], dtype=tl.float32)
 
     diag = len_k - len_q
-    # The queries that see a key of this block: from n0 - diag - win_right (the right bound, causal's 0)
-    # to n0 + BLOCK_N - 1 - diag + win_left (the left bound).
-    m_begin = n0 * 0
-    m_end = len_q + n0 * 0
-    if WINDOW_RIGHT:
-        m_begin = (tl.maximum(n0 - diag - win_right, 0) // BLOCK_M) * BLOCK_M
-    if WINDOW_LEFT:
-        m_end = tl.maximum(tl.minimum(n0 + BLOCK_N - diag + win_left, len_q), 0)
+    start, full_lo, full_hi, end = query_range(n0, len_q, diag, win_left, win_right, BLOCK_M, BLOCK_N, WINDOW_LEFT,
+                                               WINDOW_RIGHT)
     for g in range(0, group_size):
         head = kv_head * group_size + g
         q_head = Q + batch * stride_qb + bos_q * stride_qt + head * stride_qh
         do_head = DO + batch * stride_db + bos_q * stride_dt + head * stride_dh
         lse_head = LSE + batch * stride_lb + head * stride_lh + bos_q
         delta_head = DELTA + batch * stride_lb + head * stride_lh + bos_q
-        # Every query block masked: an unmasked copy of this loop (query blocks that see the whole key block)
-        # made the compiler keep more live and spill at D = 64 and 128 (sm_90: 48 and 20 STL).
-        for start_m in range(m_begin, m_end, BLOCK_M):
+        # One loop, the mask a runtime branch: separate masked and unmasked loops (as dQ has) spilled here
+        # (sm_90, D = 64 at 64 x 64 and D = 128 at every tile with 64 keys tried).
+        for start_m in range(start, end, BLOCK_M):
+            cut = (start_m < full_lo) | (start_m >= full_hi)
             dk, dv = _dkdv_query_block(
                 dk, dv, k_res, v_res, k_blk, v_blk, q_head, do_head, lse_head, delta_head, start_m, offs_n, offs_out,
                 rows_k, len_q, len_k, diag, stride_kt, stride_vt, stride_qt, stride_dt, qk_scale, win_left, win_right,
-                cap2, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, DOT_PRECISION)
+                cap2, cut, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_DC, KV_RESIDENT, MASK_OUT_COLS, WINDOW_LEFT,
+                WINDOW_RIGHT, SOFTCAP, DOT_PRECISION)
     store_tile(dk_blk, dk * sm_scale, stride_kt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
     store_tile(dv_blk, dv, stride_vt, offs_out, rows_k, BLOCK_N, HEAD_DIM)
 

@@ -280,6 +280,27 @@ def key_range(m0, rows, len_k, diag, win_left, win_right, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def query_range(n0, len_q, diag, win_left, win_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BOUND_LEFT: tl.constexpr, BOUND_RIGHT: tl.constexpr):
+    """Query blocks that see a key of ``[n0, n0 + BLOCK_N)``: ``[start, full_lo)`` and ``[full_hi, end)``
+    need the mask, the whole query blocks of ``[full_lo, full_hi)`` see every key of the block
+    (``start <= full_lo <= full_hi``; ``end`` may be below ``full_lo`` when no block is whole)."""
+    start = n0 * 0
+    end = len_q + n0 * 0
+    lo_all = n0 * 0
+    hi_all = len_q + n0 * 0
+    if BOUND_RIGHT:  # query m sees key n when n <= m + diag + win_right: the block's last key binds
+        start = (tl.maximum(n0 - diag - win_right, 0) // BLOCK_M) * BLOCK_M
+        lo_all = tl.maximum(n0 + BLOCK_N - 1 - diag - win_right, 0)
+    if BOUND_LEFT:  # and when n >= m + diag - win_left: the block's first key binds
+        end = tl.maximum(tl.minimum(n0 + BLOCK_N - diag + win_left, len_q), 0)
+        hi_all = tl.maximum(tl.minimum(n0 - diag + win_left + 1, len_q), 0)
+    full_lo = tl.maximum(((lo_all + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, start)
+    full_hi = tl.maximum((hi_all // BLOCK_M) * BLOCK_M, full_lo)
+    return start, full_lo, full_hi, end
+
+
+@triton.jit
 def tanh(x):
     """tanh from one exponential of a non-positive argument (finite everywhere)."""
     e = tl.exp(-2.0 * tl.abs(x))
