@@ -245,6 +245,22 @@ def _check_ddp_training(rank: int, world: int, backend: str) -> None:
     _same_training(DistributedDataParallel, {"layer": "KimiDeltaAttention"}, ignore_one, world, steps=3)
 
 
+def _check_compiled_training(rank: int, world: int, backend: str) -> None:
+    """torch.compile over DDP and context parallelism, a hybrid model (a GatedDeltaNet block, then a
+    PrismAttention block): the collectives break the graph, the parts between them are compiled, and the
+    loss curve is the one process's. aot_eager: Dynamo and AOTAutograd trace, no C++ compiler on the path."""
+    from torch._dynamo.utils import counters
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch._dynamo.reset()
+    counters.clear()
+    _same_training(lambda m: torch.compile(DistributedDataParallel(m), backend="aot_eager"),
+                   {"layer": "GatedDeltaNet", "attention_every": 2}, lambda ids: ids, world, steps=3)
+    assert counters["stats"]["unique_graphs"] > 0, dict(counters["stats"])  # it compiled, not only fell back
+    if rank == 0 and os.environ.get("LAMINA_SHOW_GRAPH_BREAKS"):
+        print(dict(counters["stats"]), dict(counters["graph_break"]), flush=True)
+
+
 def _check_attention(rank: int, world: int, backend: str) -> None:
     """prism_attention with ``cp_context`` against the float64 reference on the whole sequences: o, lse, and
     the gradients of q, k, v; D in {64, 192, 320}, causal or not, GQA, dense rows and packed sequences, a
@@ -277,8 +293,9 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
             assert_close(f"{where}: d{name}", grad, cp.shard(want), scale=gradient_scale(want))
 
 
-SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "equal": _check_equal_to_one_process,
-             "bad": _check_bad_input, "layers": _check_layers, "fsdp": _check_fsdp_training}
+SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "compile": _check_compiled_training,
+             "equal": _check_equal_to_one_process, "bad": _check_bad_input, "layers": _check_layers,
+             "fsdp": _check_fsdp_training}
 
 
 def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) -> None:
@@ -331,6 +348,11 @@ def test_fsdp2_training_with_context_parallel_follows_one_process(tmp_path):
 
 def test_ddp_training_with_context_parallel_follows_one_process(tmp_path):
     _spawn(tmp_path, 2, "ddp")
+
+
+@pytest.mark.versions
+def test_compiled_training_with_context_parallel_follows_one_process(tmp_path):
+    _spawn(tmp_path, 2, "compile")
 
 
 def test_mismatched_calls_raise_on_every_rank(tmp_path):

@@ -63,6 +63,13 @@ class _AllGather(torch.autograd.Function):
         return grad[dist.get_rank(ctx.group)], None
 
 
+@torch.compiler.disable
+def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    """``_AllGather`` outside torch.compile's graphs: the collective (and the traffic count) run eagerly
+    between the compiled parts, and Dynamo does not retrace it for every shape and rank of ``x``."""
+    return _AllGather.apply(x, group)
+
+
 class _DependOn(torch.autograd.Function):
     """``x`` itself, made to depend on ``other`` with a zero gradient: every rank then runs the backward of
     the exchange that produced ``other``, whether or not its loss uses a result computed from it."""
@@ -133,7 +140,7 @@ class ContextParallel:
         if not -y.dim() <= dim < y.dim():
             raise ValueError(f"gather: dim must be in [{-y.dim()}, {y.dim()}) for a {y.dim()}-d tensor, got {dim}")
         agree(self, "gather", {"dim": dim % y.dim(), "ndim": y.dim(), **{f"size{i}": s for i, s in enumerate(y.shape)}})
-        return torch.cat(list(_AllGather.apply(y, self.group).unbind(0)), dim=dim)
+        return torch.cat(list(_all_gather(y, self.group).unbind(0)), dim=dim)
 
     def local_layout(self, t_local: int) -> LocalLayout:
         """The local sequences of a rank holding ``t_local`` tokens of every row."""
@@ -188,11 +195,12 @@ def _check_packed(cp: ContextParallel, what: str, batch: int, t_local: int) -> N
                          f"{cp.world_size} ranks x {t_local} local tokens = {t_local * cp.world_size}")
 
 
+@torch.compiler.disable
 def agree(cp: ContextParallel, what: str, fields: dict[str, int]) -> None:
     """Exchange ``fields`` (ints) between the ranks; the same ValueError on every rank where they differ."""
     values = torch.tensor([zlib.crc32(what.encode()), *fields.values()], dtype=torch.int64)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(cp.group) == "nccl" else None
-    seen = _AllGather.apply(values.to(device) if device else values, cp.group).cpu()
+    seen = _all_gather(values.to(device) if device else values, cp.group).cpu()
     if bool((seen == seen[0]).all()):
         return
     names = ["operation", *fields]
@@ -251,7 +259,7 @@ def delta_rule_context_parallel(
     mine = maps.new_zeros((n_global, HV, K, K + V)).index_copy(0, torch.tensor(seq_ids, device=q.device), maps)
     if needs_grad and not mine.requires_grad:
         mine = mine.detach().requires_grad_()  # every rank takes part in the exchange's backward
-    every = _AllGather.apply(mine, cp.group)  # [R, N, HV, K, K + V]
+    every = _all_gather(mine, cp.group)  # [R, N, HV, K, K + V]
 
     def fold(seq: int, ranks: range) -> torch.Tensor:
         state = q.new_zeros((HV, K, V), dtype=state_dtype) if initial_state is None else initial_state[seq].to(
@@ -283,7 +291,7 @@ def context_halo(cp: ContextParallel, xs: list[torch.Tensor], width: int) -> lis
     if T < width:
         raise ValueError(f"short convolution: with cp_context every rank needs at least {width} tokens (the "
                          f"convolution's window), got {T}")
-    every = _AllGather.apply(torch.cat([x[:, T - width:] for x in xs], dim=-1), cp.group)  # [R, B, width, sum D]
+    every = _all_gather(torch.cat([x[:, T - width:] for x in xs], dim=-1), cp.group)  # [R, B, width, sum D]
     prev = every[cp.rank - 1] if cp.rank > 0 else torch.zeros_like(every[0])
     layout = cp.local_layout(T)
     if layout.cu_seqlens is None:
@@ -309,11 +317,12 @@ def local_cu_seqlens(cp: ContextParallel, t_local: int, device: torch.device) ->
 def next_tokens(cp: ContextParallel, ids: torch.Tensor, fill: int) -> torch.Tensor:
     """``[B, T]`` ids shifted left by one across the ranks: position t holds the id of t + 1, the last one
     the next rank's first (``fill`` on the last rank). Not differentiable (token ids)."""
-    firsts = _AllGather.apply(ids[:, :1].contiguous(), cp.group)  # [R, B, 1]
+    firsts = _all_gather(ids[:, :1].contiguous(), cp.group)  # [R, B, 1]
     after = firsts[cp.rank + 1] if cp.rank + 1 < cp.world_size else torch.full_like(ids[:, :1], fill)
     return torch.cat([ids[:, 1:], after], dim=1)
 
 
+@torch.compiler.disable
 def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
     """The sum over the ranks of ``x`` (not differentiable: counts and reported values)."""
     out = x.detach().clone()
@@ -348,7 +357,7 @@ def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torc
                                   "cu_seqlens": _layout_id(cp),
                                   "gradients": torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))})
     _check_packed(cp, "prism_attention", B, T)
-    kv = _AllGather.apply(torch.stack([k, v]), cp.group)  # [R, 2, B, T, HKV, D]
+    kv = _all_gather(torch.stack([k, v]), cp.group)  # [R, 2, B, T, HKV, D]
     keys, values = (torch.cat(list(kv[:, i].unbind(0)), dim=1) for i in (0, 1))  # [B, R * T, HKV, D]
     options = dict(causal=causal, scale=scale, return_lse=return_lse, backend=backend, window_size=window_size,
                    softcap=softcap)
