@@ -5,15 +5,18 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from lamina.bench import eager, specs
-from lamina.bench.providers import PROVIDERS, ProviderSkip, availability, get_provider
+from lamina.bench.providers import PROVIDERS, ProviderSkip, availability, get_provider, output_of
 from lamina.bench.suite import PROVIDER_ORDER, SuiteConfig, classify, plan, run_suite
 from lamina.bench.timing import TimingConfig
 from tests.tolerances import assert_close
 
 ISSUE_NAMES = {"lamina-triton", "lamina-cuda", "lamina-torch", "lamina-cpu-ext", "fla", "flash-attn", "sdpa-flash",
-               "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "torch-eager", "torch-compile", "reference"}
+               "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "torch-eager", "torch-compile", "reference",
+               # fla's CPU forms, the baselines of lamina's PyTorch path
+               "fla-naive-chunk", "fla-naive-recurrent"}
 FAST = TimingConfig(cpu_min_run_s=0.01, slow_call_s=5.0)
 
 
@@ -174,3 +177,42 @@ def test_sdpa_provider_runs_in_its_own_layout_with_its_own_leaves():
     assert x["q"].grad is None  # the canonical inputs are not its leaves
     ref = eager.attention_eager(x["q"].detach(), x["k"].detach(), x["v"].detach(), causal=True)
     assert_close("sdpa-math vs torch-eager", out.detach().transpose(1, 2), ref, kind="elementwise")
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", list(specs.DELTA_OPS))
+def test_fla_naive_providers_compute_what_lamina_computes(op, form):
+    """fla's naive forms, called in each one's own argument order and layout, give lamina's PyTorch path's
+    output and input gradients (a gate passed in the wrong place would not)."""
+    p = specs.delta_shape(1, 64, 2, 16, "fp32")
+    from lamina.bench.inputs import make_inputs
+
+    x = make_inputs(op, p, "cpu", requires_grad=True)
+    name = f"fla-naive-{form}"
+    assert get_provider(name).skip_reason(op, "cpu", p) is None
+    bound = get_provider(name).bind(op, p, x)
+    out = output_of(bound.fn())
+    leaves = bound.leaves or [t for t in x.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = torch.autograd.grad(out.sum(), leaves)
+    ref_x = make_inputs(op, p, "cpu", requires_grad=True)
+    ref = output_of(get_provider("lamina-torch").bind(op, p, ref_x).fn())
+    ref_leaves = [ref_x[n] for n in ("q", "k", "v", *specs.DELTA_GATES[op])]
+    ref_grads = torch.autograd.grad(ref.sum(), ref_leaves)
+    head_first = op == "delta_rule"  # its leaves are [B, H, T, ...]
+    if head_first:
+        out, grads = out.transpose(1, 2), [g.transpose(1, 2) for g in grads]
+    assert_close(f"{name} {op}: o", out, ref.detach())
+    for leaf, grad, want in zip(("q", "k", "v", *specs.DELTA_GATES[op]), grads, ref_grads):
+        assert_close(f"{name} {op}: d{leaf}", grad, want, scale=want.abs().max().item() + 1e-6)
+
+
+def test_fla_naive_providers_say_why_they_skip():
+    packed = specs.delta_shape(0, 0, 2, 16, "fp32", seqlens=(24, 40))
+    assert "cu_seqlens" in get_provider("fla-naive-chunk").skip_reason("kda", "cpu", packed)
+    gva = specs.delta_shape(1, 64, 2, 16, "fp32", HV=4)
+    assert "value heads" in get_provider("fla-naive-recurrent").skip_reason("gdn2", "cpu", gva)
+    odd = specs.delta_shape(1, 100, 2, 16, "fp32")
+    assert "divisible by 32" in get_provider("fla-naive-chunk").skip_reason("delta_rule", "cpu", odd)
+    assert "TOKEN_LOOP_MAX_WORK" in get_provider("fla-naive-recurrent").skip_reason(
+        "kda", "cuda", specs.delta_shape(4, 2048, 16, 128, "bf16"))
+    assert "delta-rule family" in get_provider("fla-naive-chunk").skip_reason("prism_attention", "cpu")

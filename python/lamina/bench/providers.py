@@ -66,6 +66,20 @@ FLA_FUNCS: dict[str, tuple[str, str]] = {
     "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
     "gdn_decode": ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),
 }
+# fla's plain PyTorch forms of the delta family (fla.ops.*.naive), chunked and token by token: the CPU
+# baselines of lamina's PyTorch path. (module, function) per form and op.
+FLA_NAIVE_FUNCS: dict[str, dict[str, tuple[str, str]]] = {
+    "chunk": {"delta_rule": ("fla.ops.delta_rule.naive", "delta_rule_chunkwise"),
+              "gated_delta_rule": ("fla.ops.gated_delta_rule.naive", "naive_chunk_gated_delta_rule"),
+              "kda": ("fla.ops.kda.naive", "naive_chunk_kda"),
+              "gdn2": ("fla.ops.gdn2.naive", "naive_chunk_gdn2")},
+    "recurrent": {"delta_rule": ("fla.ops.delta_rule.naive", "delta_rule_recurrence"),
+                  "gated_delta_rule": ("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule"),
+                  "kda": ("fla.ops.kda.naive", "naive_recurrent_kda"),
+                  "gdn2": ("fla.ops.gdn2.naive", "naive_recurrent_gdn2")},
+}
+# fla's naive chunked DeltaNet takes T divisible by its chunk size (its default, 32).
+FLA_NAIVE_DELTA_CHUNK = 32
 REFERENCE_FUNCS: dict[str, str] = {
     **{op: "delta_rule_family_recurrent_ref" for op in DELTA_OPS},
     "gdn_decode": "delta_rule_family_recurrent_ref",
@@ -144,6 +158,22 @@ def _fla_build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner | B
     if op in LAYER_OPS:
         return _layer_bind("fla", op, params, x)
     return _call_api(_import(*FLA_FUNCS[op]), op, x)
+
+
+def _fla_naive_builder(form: str) -> Callable[[str, dict, dict], Runner | Bound]:
+    def build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner | Bound:
+        fn = _import(*FLA_NAIVE_FUNCS[form][op])
+        q, k, v = x["q"], x["k"], x["v"]
+        if op == "delta_rule":
+            # head-first [B, H, T, D] (beta [B, H, T]): leaves in that layout, converted outside the timed call
+            qh, kh, vh, bh = (t.detach().transpose(1, 2).contiguous().requires_grad_(t.requires_grad)
+                              for t in (q, k, v, x["beta"]))
+            return Bound(lambda: fn(qh, kh, vh, bh), [t for t in (qh, kh, vh, bh) if t.requires_grad])
+        if op == "gated_delta_rule" and form == "recurrent":  # (q, k, v, beta, g) in this one
+            return lambda: fn(q, k, v, x["beta"], x["g"])
+        return lambda: fn(q, k, v, *_delta_gates(op, x))
+
+    return build
 
 
 def _flash_attn_build(op: str, params: dict[str, Any], x: dict[str, Any]) -> Runner:
@@ -301,6 +331,19 @@ def _token_loop_limit(op: str, p: dict[str, Any], device: str) -> str | None:
     return None
 
 
+def _fla_naive_limit(form: str) -> Callable[[str, dict[str, Any], str], str | None]:
+    def limit(op: str, p: dict[str, Any], device: str) -> str | None:
+        if p["seqlens"] is not None:
+            return "fla's naive forms take no cu_seqlens (packed sequences)"
+        if p["HV"] != p["H"]:
+            return f"fla's naive forms take as many value heads as query heads, got H={p['H']}, HV={p['HV']}"
+        if form == "chunk" and op == "delta_rule" and p["T"] % FLA_NAIVE_DELTA_CHUNK:
+            return f"fla's naive chunked DeltaNet needs T divisible by {FLA_NAIVE_DELTA_CHUNK}, got T={p['T']}"
+        return _token_loop_limit(op, p, device) if form == "recurrent" else None
+
+    return limit
+
+
 def _flash_attn_limit(op: str, p: dict[str, Any], device: str) -> str | None:
     if p["D"] > FLASH_ATTN_MAX_HEAD_DIM:
         return f"flash-attn supports head dims up to {FLASH_ATTN_MAX_HEAD_DIM}, got D={p['D']}"
@@ -370,6 +413,12 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
              _FLA_OPS, ("cuda",), _fla_build, _fla_check, ops_note="fla has no kernel for this op in the suite",
              device_note="fla's Triton kernels need a GPU (lamina.patch_fla() would run fla's layers on "
                          "lamina's kernels: not a comparison)"),
+    Provider("fla-naive-chunk", "fla's plain PyTorch chunked forms (fla.ops.*.naive: naive_chunk_*, "
+             "delta_rule_chunkwise)", DELTA_OPS, _BOTH, _fla_naive_builder("chunk"), _fla_check,
+             _fla_naive_limit("chunk"), ops_note="fla's naive forms cover the delta-rule family"),
+    Provider("fla-naive-recurrent", "fla's plain PyTorch token loops (fla.ops.*.naive: naive_recurrent_*, "
+             "delta_rule_recurrence)", DELTA_OPS, _BOTH, _fla_naive_builder("recurrent"), _fla_check,
+             _fla_naive_limit("recurrent"), ops_note="fla's naive forms cover the delta-rule family"),
     Provider("flash-attn", "FlashAttention 2 (flash_attn_func)", _ATTN, ("cuda",), _flash_attn_build,
              _needs_module("flash_attn", "pip install flash-attn"), _flash_attn_limit,
              ops_note="flash-attn is an attention provider"),

@@ -27,13 +27,15 @@ from lamina.bench.timing import SLOW_CALL_REPEATS, Timing, TimingConfig, time_fn
 
 # Execution order within a case: lamina and the fused libraries first, slow baselines last.
 PROVIDER_ORDER = ("lamina-triton", "lamina-cuda", "fla", "flash-attn", "sdpa-flash", "sdpa-cudnn",
-                  "sdpa-efficient", "lamina-torch", "lamina-cpu-ext", "sdpa-math", "torch-compile",
-                  "torch-eager", "reference")
+                  "sdpa-efficient", "lamina-torch", "lamina-cpu-ext", "sdpa-math", "fla-naive-chunk",
+                  "torch-compile", "torch-eager", "fla-naive-recurrent", "reference")
 # --quick: stop starting new measurements after this long, so the whole run stays under 2 minutes.
 QUICK_TIME_BUDGET_S = 75.0
 QUICK_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, cpu_min_run_s=0.2, slow_call_s=0.3)
-# --quick leaves out providers that cost more than they tell there: compile time on CPU, token loops on GPU.
-QUICK_EXCLUDE = {"cpu": ("torch-compile",), "cuda": ("torch-compile", "reference")}
+# --quick leaves out providers that cost more than they tell there: compile time on CPU, token loops on GPU,
+# fla's naive forms (the CPU baselines of the full `lamina bench --device cpu` run).
+QUICK_EXCLUDE = {"cpu": ("torch-compile", "fla-naive-chunk", "fla-naive-recurrent"),
+                 "cuda": ("torch-compile", "reference", "fla-naive-chunk", "fla-naive-recurrent")}
 # fla's guard for a Triton miscompile of its chunk backward on Hopper (fla issue #640).
 FLA_HOPPER_GUARD = "#640"
 # torch's message when an sdpa backend cannot run a case (the reasons come as warnings).
