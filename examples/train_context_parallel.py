@@ -31,6 +31,10 @@ def main() -> None:
     p.add_argument("--layer", default="GatedDeltaNet", help="delta-rule layer of LinearLM")
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--attention-every", type=int, default=0,
+                   help="a PrismAttention block every this many blocks (0: none)")
+    p.add_argument("--layout", default="contiguous", choices=("contiguous", "zigzag"),
+                   help="zigzag: two segments per rank, which balances causal attention's work")
     args = p.parse_args()
 
     cuda = args.device == "cuda"
@@ -39,11 +43,11 @@ def main() -> None:
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=5))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    cp = ContextParallel()
+    cp = ContextParallel(layout=args.layout)
 
     torch.manual_seed(0)  # the same initial weights on every rank before sharding
     config = LinearLMConfig(vocab_size=1024, hidden_size=args.hidden_size, num_layers=args.layers, layer=args.layer,
-                            num_heads=4)
+                            num_heads=4, attention_every=args.attention_every)
     model = LinearLM(config).to(device)
     for block in model.blocks:
         fully_shard(block.mixer)

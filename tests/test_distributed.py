@@ -23,13 +23,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lamina
-from lamina.distributed import ContextParallel
+from lamina.distributed import LAYOUTS, ContextParallel
 from lamina.testing import assert_close, gradient_scale
 
 L, H, HV, K, V = 24, 2, 4, 16, 8  # 24 local tokens: one and a half chunks of 16; GVA; K != V
 VARIANTS = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "chunk_gdn2")
 # Packed sequences whose boundaries fall inside ranks and which cross ranks (with 4 ranks one spans three).
 PACKS = {2: [0, 5, 30, 31, 48], 4: [0, 5, 60, 61, 90, 96]}
+
+
+# The layout the scenarios' contexts use (set in each worker from the test's parameter).
+LAYOUT = ["contiguous"]
+
+
+def _context(cu_seqlens=None) -> ContextParallel:
+    return ContextParallel(cu_seqlens=cu_seqlens, layout=LAYOUT[0])
 
 
 def _inputs(op: str, world: int, varlen: bool, gen: torch.Generator) -> tuple[dict, dict]:
@@ -63,6 +71,11 @@ def _run(op, leaves, extra, **kw):
 
 
 def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
+    # the layout itself: rank r holds segment r of R (contiguous) or segments r and 2R - 1 - r of 2R (zigzag)
+    segments = [rank] if LAYOUT[0] == "contiguous" else [rank, 2 * world - 1 - rank]
+    part = world * L // (world * len(segments))
+    positions = _context().shard(torch.arange(world * L), dim=0)
+    assert positions.tolist() == [t for g in segments for t in range(g * part, (g + 1) * part)], positions
     cases = [(op, varlen) for op in VARIANTS for varlen in (False, True)]
     if backend == "triton":  # the interpreter is slow: one packed case (the same code as every variant's)
         cases = [("chunk_gdn2", True)]
@@ -81,7 +94,7 @@ def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
         loss = (o * do).sum() + (vn * dvn).sum() + (ht * dht).sum()
         ref_grads = dict(zip(ref_leaves, torch.autograd.grad(loss, list(ref_leaves.values()))))
 
-        cp = ContextParallel(cu_seqlens=cu)
+        cp = _context(cu)
         mine = {n: (cp.shard(x) if n in seq else x).float().clone().requires_grad_() for n, x in full.items()}
         o_cp, ht_cp, vn_cp = _run(op, mine, extra, cp_context=cp, backend=backend)
         loss_cp = (o_cp * cp.shard(do).float()).sum() + (vn_cp * cp.shard(dvn).float()).sum()
@@ -146,7 +159,7 @@ def _check_bad_input(rank: int, world: int, backend: str) -> None:
         layer(hidden, attention_mask=torch.ones(2, L, dtype=torch.bool), cp_context=cp)
     with pytest.raises(ValueError, match="use_cache cannot be combined with cp_context"):
         layer(hidden, use_cache=True, cp_context=cp)
-    with pytest.raises(ValueError, match="with cp_context every rank needs at least 4 tokens"):
+    with pytest.raises(ValueError, match="with cp_context every segment needs at least 4 tokens"):
         layer(hidden[:, :3], cp_context=cp)
     # after every error the ranks still agree: a good call runs
     o, _, _ = _run("chunk_kda", local, extra, cp_context=cp, backend=backend)
@@ -175,7 +188,7 @@ def _check_layers(rank: int, world: int, backend: str) -> None:
             o = first(ref(x_ref, cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32)))
             ref_grads = torch.autograd.grad((o * do).sum(), [x_ref, *ref.parameters()])
 
-            cp = ContextParallel(cu_seqlens=cu)
+            cp = _context(cu)
             x_cp = cp.shard(x).float().requires_grad_()
             o_cp = first(layer(x_cp, cp_context=cp))
             grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum(), [x_cp, *layer.parameters()])
@@ -201,7 +214,7 @@ def _same_training(wrap, config: dict, labels_of, world: int, steps: int) -> Non
     ref = LinearLM(LinearLMConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, **config))
     model = wrap(copy.deepcopy(ref))
     opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.5), torch.optim.SGD(model.parameters(), lr=0.5)
-    cp = ContextParallel()
+    cp = _context()
     ids = torch.randint(0, 64, (2, world * L), generator=torch.Generator().manual_seed(1))
     labels = labels_of(ids)
     curve_ref, curve = [], []
@@ -281,7 +294,7 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
                                **options)
         ref_grads = torch.autograd.grad((o * do).sum(), ref_in)
 
-        cp = ContextParallel(cu_seqlens=cu)
+        cp = _context(cu)
         mine = [cp.shard(x).float().requires_grad_() for x in (q, k, v)]
         o_cp, lse_cp = lamina.prism_attention(*mine, causal=causal, return_lse=True, backend=backend,
                                               cp_context=cp, **options)
@@ -298,8 +311,9 @@ SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "compile
              "fsdp": _check_fsdp_training}
 
 
-def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) -> None:
+def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str, layout: str) -> None:
     torch.set_num_threads(1)
+    LAYOUT[0] = layout
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     try:
@@ -308,12 +322,13 @@ def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str) 
         dist.destroy_process_group()
 
 
-def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch") -> None:
+def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch", layout: str = "contiguous") -> None:
     env = {"TRITON_INTERPRET": "1" if backend == "triton" else "0"}  # the children's "auto" backend
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), scenario, backend), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), scenario, backend, layout), nprocs=world,
+                 join=True)
     finally:
         for k, v in old.items():
             if v is None:
@@ -322,9 +337,10 @@ def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch") -> None:
                 os.environ[k] = v
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_context_parallel_equals_one_process(tmp_path, world):
-    _spawn(tmp_path, world, "equal")
+def test_context_parallel_equals_one_process(tmp_path, world, layout):
+    _spawn(tmp_path, world, "equal", layout=layout)
 
 
 @pytest.mark.grid  # the chunk kernels under the interpreter run in the other interpret tests too
@@ -333,17 +349,20 @@ def test_context_parallel_on_the_triton_kernels(tmp_path):
     _spawn(tmp_path, 2, "equal", backend="triton")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_attention_with_context_parallel_equals_the_reference(tmp_path, world):
-    _spawn(tmp_path, world, "attention")
+def test_attention_with_context_parallel_equals_the_reference(tmp_path, world, layout):
+    _spawn(tmp_path, world, "attention", layout=layout)
 
 
-def test_layers_with_context_parallel_equal_one_process(tmp_path):
-    _spawn(tmp_path, 2, "layers")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layers_with_context_parallel_equal_one_process(tmp_path, layout):
+    _spawn(tmp_path, 2, "layers", layout=layout)
 
 
-def test_fsdp2_training_with_context_parallel_follows_one_process(tmp_path):
-    _spawn(tmp_path, 2, "fsdp")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fsdp2_training_with_context_parallel_follows_one_process(tmp_path, layout):
+    _spawn(tmp_path, 2, "fsdp", layout=layout)
 
 
 def test_ddp_training_with_context_parallel_follows_one_process(tmp_path):
@@ -385,13 +404,15 @@ def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys
         ("chunk_gated_delta_rule", 1), ("prism_attention", 1), ("chunk_gated_delta_rule", 2), ("prism_attention", 2)]
     assert all(r["ms"] > 0 for r in records)
     one, two = records[0]["comm_bytes_per_rank"], records[2]["comm_bytes_per_rank"]
-    # two ranks: the call's description (2 x 14 int64) and the maps [2, HV=2, K=16, K+V=32] float32, gathered
+    # two ranks: the call's description (2 x 15 int64) and the maps [2, HV=2, K=16, K+V=32] float32, gathered
     # forward and all-reduced backward
-    assert one == 0 and two == 2 * 14 * 8 + 2 * (2 * 2 * 16 * 32 * 4)
+    assert one == 0 and two == 2 * 15 * 8 + 2 * (2 * 2 * 16 * 32 * 4)
     assert "vs 1 rank" in capsys.readouterr().out
 
 
-def test_readme_torchrun_example_trains_on_cpu():
+@pytest.mark.parametrize("options", [[], ["--layout", "zigzag", "--attention-every", "2", "--layers", "2",
+                                          "--hidden-size", "64"]], ids=["contiguous", "zigzag-hybrid"])
+def test_readme_torchrun_example_trains_on_cpu(options):
     """The README's torchrun command, on CPU with gloo and two ranks: two steps, the whole sequence's loss."""
     import subprocess
     import sys
@@ -401,7 +422,7 @@ def test_readme_torchrun_example_trains_on_cpu():
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(root / "examples" / "train_context_parallel.py"), "--device", "cpu", "--steps", "2",
-                           "--tokens", "128", "--hidden-size", "32", "--layers", "1"],
+                           "--tokens", "128", "--hidden-size", "32", "--layers", "1", *options],
                           capture_output=True, text=True, timeout=300, env=env, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "step 1: loss" in done.stdout and "(2 ranks x 64 tokens)" in done.stdout, done.stdout

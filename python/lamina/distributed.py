@@ -1,19 +1,22 @@
 """Context parallelism: one sequence (or one pack of sequences) split along time across the ranks of a
 ``torch.distributed`` process group (NCCL on GPUs, gloo on CPU).
 
-``ContextParallel(group=None, cu_seqlens=None)`` describes the split: the process group, this rank's
-position, and the packed-sequence layout (``cu_seqlens``: global offsets of the sequences packed along
-T, the same on every rank; None for ``B`` rows of one sequence each). Rank ``r`` of ``R`` holds tokens
-``[r * L, (r + 1) * L)`` of every row, ``L = T / R`` (``cp.shard`` cuts them, ``cp.gather`` joins them).
+``ContextParallel(group=None, cu_seqlens=None, layout="contiguous")`` describes the split: the process
+group, this rank's position, and the packed-sequence layout (``cu_seqlens``: global offsets of the
+sequences packed along T, the same on every rank; None for ``B`` rows of one sequence each). The
+sequence is cut into segments of equal length: ``"contiguous"``, one per rank, rank ``r`` of ``R``
+holding segment ``r``; ``"zigzag"``, two per rank, rank ``r`` holding segments ``r`` and ``2R - 1 - r``
+(so every rank has the same share of causal attention's work). ``cp.shard`` cuts a rank's segments out
+of a full tensor (concatenated in that order), ``cp.gather`` joins every rank's again.
 
 The delta-rule ops take it as ``cp_context=``. The recurrence is affine in the state: a segment of
 tokens maps a start state ``S`` to ``M S + C``, where ``M`` (``[K, K]``) is the segment run on the
 identity with zero values and ``C`` the segment run from a zero state. Each rank computes ``(M, C)`` of
-each of its local sequences, the ranks exchange them (one all-gather), each rank folds those of the
-ranks before it into its start states and runs its tokens from them: outputs and writes are those of
-the whole sequences. Final states are folded from the exchanged maps, the same on every rank. Backward
-is autograd through the same steps: the exchange's backward is one all-reduce, which every rank runs
-(the start states depend on the exchange on every rank).
+each local sequence of each of its segments, the ranks exchange them (one all-gather), each rank folds
+those of the segments before each of its own into its start states and runs its tokens from them:
+outputs and writes are those of the whole sequences. Final states are folded from the exchanged maps,
+the same on every rank. Backward is autograd through the same steps: the exchange's backward is one
+all-reduce, which every rank runs (the start states depend on the exchange on every rank).
 
 Bad input: a call whose shapes, options or layout differ between ranks raises the same ValueError on
 every rank (the ranks exchange a description of the call first), never a hang. A rank that does not
@@ -86,8 +89,9 @@ class _DependOn(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class LocalLayout:
-    """This rank's part of the layout: local sequences, the global sequence each belongs to, and whether
-    it continues from the rank before or onto the rank after."""
+    """One segment's part of the packed layout: its global token range, its local sequences (offsets from the
+    segment's start), the global sequence each belongs to, and whether it continues from the segment before
+    or onto the segment after."""
 
     start: int
     stop: int
@@ -95,6 +99,9 @@ class LocalLayout:
     seq_ids: tuple[int, ...]
     from_prev: tuple[bool, ...]
     to_next: tuple[bool, ...]
+
+
+LAYOUTS = ("contiguous", "zigzag")
 
 
 class ContextParallel:
@@ -105,33 +112,57 @@ class ContextParallel:
         cu_seqlens: ``[N + 1]`` global offsets of ``N`` sequences packed along T (int tensor or list, the
             same on every rank; each sequence at least one token). None: every row of ``B`` is one
             sequence.
+        layout: ``"contiguous"`` (rank r holds segment r of R) or ``"zigzag"`` (rank r holds segments r and
+            2R - 1 - r of 2R: causal attention's work balanced over the ranks). Every op takes either.
     """
 
-    def __init__(self, group=None, cu_seqlens: torch.Tensor | list[int] | None = None):
+    def __init__(self, group=None, cu_seqlens: torch.Tensor | list[int] | None = None, layout: str = "contiguous"):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ContextParallel: torch.distributed is not initialised; call "
                                "torch.distributed.init_process_group first (torchrun does it for you)")
+        if layout not in LAYOUTS:
+            raise ValueError(f"ContextParallel: layout must be one of {LAYOUTS}, got {layout!r}")
         self.group = group if group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         self.cu_seqlens = None if cu_seqlens is None else _offsets(cu_seqlens)
+        self.layout = layout
+        # the global segments this rank holds, in local order
+        last = 2 * self.world_size - 1
+        self.segments = (self.rank,) if layout == "contiguous" else (self.rank, last - self.rank)
+        self.n_segments = self.world_size * len(self.segments)
 
     def __repr__(self) -> str:
         layout = "one sequence per row" if self.cu_seqlens is None else f"{len(self.cu_seqlens) - 1} packed sequences"
-        return f"ContextParallel(rank {self.rank} of {self.world_size}, {layout})"
+        return f"ContextParallel(rank {self.rank} of {self.world_size}, {self.layout}, {layout})"
+
+    def owner(self, segment: int) -> tuple[int, int]:
+        """(rank, slot): where global segment ``segment`` is held, and its place among that rank's segments."""
+        if self.layout == "contiguous" or segment < self.world_size:
+            return segment, 0
+        return self.n_segments - 1 - segment, 1
+
+    def segment_length(self, t_local: int, what: str = "cp_context") -> int:
+        """Tokens per segment of a rank holding ``t_local`` tokens of every row."""
+        if t_local % len(self.segments):
+            raise ValueError(f"{what}: with the zigzag layout every rank holds two segments of equal length, so "
+                             f"its token count must be even, got {t_local}")
+        return t_local // len(self.segments)
 
     def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """This rank's contiguous part of a full-sequence tensor along ``dim`` (a view)."""
+        """This rank's part of a full-sequence tensor along ``dim``: its segments, concatenated (a view with the
+        contiguous layout)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"shard: x must be a tensor, got {type(x).__name__}")
         if not -x.dim() <= dim < x.dim():
             raise ValueError(f"shard: dim must be in [{-x.dim()}, {x.dim()}) for a {x.dim()}-d tensor, got {dim}")
         n = x.shape[dim]
-        if n % self.world_size:
+        if n % self.n_segments:
             raise ValueError(f"shard: x has {n} positions along dim {dim}, not divisible by the context's "
-                             f"{self.world_size} ranks")
-        part = n // self.world_size
-        return x.narrow(dim, self.rank * part, part)
+                             f"{self.n_segments} segments ({self.world_size} ranks, {self.layout} layout)")
+        part = n // self.n_segments
+        pieces = [x.narrow(dim, g * part, part) for g in self.segments]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
 
     def gather(self, y: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """The full tensor from every rank's part along ``dim`` (differentiable; every rank calls it)."""
@@ -140,20 +171,47 @@ class ContextParallel:
         if not -y.dim() <= dim < y.dim():
             raise ValueError(f"gather: dim must be in [{-y.dim()}, {y.dim()}) for a {y.dim()}-d tensor, got {dim}")
         agree(self, "gather", {"dim": dim % y.dim(), "ndim": y.dim(), **{f"size{i}": s for i, s in enumerate(y.shape)}})
-        return torch.cat(list(_all_gather(y, self.group).unbind(0)), dim=dim)
+        dim = dim % y.dim()
+        every = _all_gather(y, self.group)
+        part = self.segment_length(y.shape[dim], "gather")
+        return torch.cat([every[r].narrow(dim, slot * part, part)
+                          for r, slot in map(self.owner, range(self.n_segments))], dim=dim)
 
-    def local_layout(self, t_local: int) -> LocalLayout:
-        """The local sequences of a rank holding ``t_local`` tokens of every row."""
-        start, stop = self.rank * t_local, (self.rank + 1) * t_local
-        last = self.world_size - 1
-        if self.cu_seqlens is None:
-            return LocalLayout(start, stop, None, (), (self.rank > 0,), (self.rank < last,))
-        cu = self.cu_seqlens
-        points = [start, *(c for c in cu if start < c < stop), stop]
-        seq_ids = tuple(_sequence_of(cu, p) for p in points[:-1])
-        from_prev = tuple(i == 0 and cu[s] < start for i, s in enumerate(seq_ids))
-        to_next = tuple(i == len(seq_ids) - 1 and cu[s + 1] > stop for i, s in enumerate(seq_ids))
-        return LocalLayout(start, stop, tuple(p - start for p in points), seq_ids, from_prev, to_next)
+    def split_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` local rows as ``[S * B, T / S, ...]``, one row per (segment, row), segment-major: with
+        one sequence per row and two segments per rank, the kernels see each segment as a sequence of its
+        own. Unchanged otherwise (one segment, or packed sequences, which ``local_cu_seqlens`` separates)."""
+        c = len(self.segments)
+        if c == 1 or self.cu_seqlens is not None:
+            return x
+        B, T = x.shape[:2]
+        L = self.segment_length(T)
+        return x.reshape(B, c, L, *x.shape[2:]).transpose(0, 1).reshape(c * B, L, *x.shape[2:])
+
+    def join_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``split_rows``."""
+        c = len(self.segments)
+        if c == 1 or self.cu_seqlens is not None:
+            return x
+        rows, L = x.shape[:2]
+        return x.reshape(c, rows // c, L, *x.shape[2:]).transpose(0, 1).reshape(rows // c, c * L, *x.shape[2:])
+
+    def segment_layouts(self, t_local: int) -> list[LocalLayout]:
+        """The layout of each of this rank's segments (local order), for ``t_local`` tokens of every row."""
+        L = self.segment_length(t_local)
+        out = []
+        for g in self.segments:
+            start, stop = g * L, (g + 1) * L
+            if self.cu_seqlens is None:
+                out.append(LocalLayout(start, stop, None, (), (g > 0,), (g < self.n_segments - 1,)))
+                continue
+            cu = self.cu_seqlens
+            points = [start, *(c for c in cu if start < c < stop), stop]
+            seq_ids = tuple(_sequence_of(cu, p) for p in points[:-1])
+            from_prev = tuple(i == 0 and cu[s] < start for i, s in enumerate(seq_ids))
+            to_next = tuple(i == len(seq_ids) - 1 and cu[s + 1] > stop for i, s in enumerate(seq_ids))
+            out.append(LocalLayout(start, stop, tuple(p - start for p in points), seq_ids, from_prev, to_next))
+        return out
 
 
 def _offsets(cu_seqlens) -> tuple[int, ...]:
@@ -237,6 +295,7 @@ def delta_rule_context_parallel(
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
     agree(cp, op, {"B": B, "T (local)": T, "H": q.shape[2], "HV": HV, "K": K, "V": V,
+                   "layout": LAYOUTS.index(cp.layout),
                    "dtype": list(_DTYPES).index(q.dtype) if q.dtype in _DTYPES else -1,
                    "cu_seqlens": _layout_id(cp), "initial_state": initial_state is not None,
                    "output_final_state": bool(output_final_state), "output_v_new": bool(output_v_new),
@@ -244,82 +303,115 @@ def delta_rule_context_parallel(
     _check_packed(cp, op, B, T)
     if T == 0:
         raise ValueError(f"{op}: every rank needs at least one token with cp_context, got T = 0")
+    L = cp.segment_length(T, op)
     state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    layout = cp.local_layout(T)
     cu_local = local_cu_seqlens(cp, T, q.device)
-    n_local = B if cu_local is None else len(layout.seq_ids)
-    seq_ids = list(range(B)) if cu_local is None else list(layout.seq_ids)
+    # the local sequences, as (slot, global sequence), in the order the kernels see them
+    if cp.cu_seqlens is None:
+        local = [(slot, row) for slot in range(len(cp.segments)) for row in range(B)]
+    else:
+        local = [(slot, s) for slot, lay in enumerate(cp.segment_layouts(T)) for s in lay.seq_ids]
+    q, k, v, g, b, w = (None if x is None else cp.split_rows(x) for x in (q, k, v, g, b, w))
     run = lambda vv, ww, h0, writes=False: core(  # noqa: E731
         op, q, k, vv, g, b, ww, scale, h0, True, cu_local, chunk_size, False, backend, output_v_new=writes)
 
-    # The affine map (M, C) of each local sequence, in the rows of its global sequence; one exchange.
-    eye = torch.eye(K, dtype=state_dtype, device=q.device).expand(n_local, HV, K, K)
+    # The affine map (M, C) of each local sequence, in the rows of its slot and global sequence; one exchange.
+    eye = torch.eye(K, dtype=state_dtype, device=q.device).expand(len(local), HV, K, K)
     w_k = w if w.dim() == 3 else w.new_ones((*w.shape[:-1], K))  # a value-axis gate meets zero values
     maps = torch.cat([run(v.new_zeros((*v.shape[:-1], K)), w_k, eye)[1], run(v, w, None)[1]], dim=-1)
-    mine = maps.new_zeros((n_global, HV, K, K + V)).index_copy(0, torch.tensor(seq_ids, device=q.device), maps)
+    rows = torch.tensor([slot * n_global + seq for slot, seq in local], device=q.device)
+    mine = maps.new_zeros((len(cp.segments) * n_global, HV, K, K + V)).index_copy(0, rows, maps)
     if needs_grad and not mine.requires_grad:
         mine = mine.detach().requires_grad_()  # every rank takes part in the exchange's backward
-    every = _all_gather(mine, cp.group)  # [R, N, HV, K, K + V]
+    every = _all_gather(mine.view(len(cp.segments), n_global, HV, K, K + V), cp.group)  # [R, S, N, HV, K, K + V]
 
-    def fold(seq: int, ranks: range) -> torch.Tensor:
+    def fold(seq: int, segments: range) -> torch.Tensor:
         state = q.new_zeros((HV, K, V), dtype=state_dtype) if initial_state is None else initial_state[seq].to(
             state_dtype)
-        for r in ranks:
-            state = every[r, seq, ..., :K] @ state + every[r, seq, ..., K:]
+        for segment in segments:
+            rank, slot = cp.owner(segment)
+            state = every[rank, slot, seq, ..., :K] @ state + every[rank, slot, seq, ..., K:]
         return state
 
-    def first_rank(seq: int) -> int:
-        return 0 if cp.cu_seqlens is None else cp.cu_seqlens[seq] // T
+    def first_segment(seq: int) -> int:
+        return 0 if cp.cu_seqlens is None else cp.cu_seqlens[seq] // L
 
-    start = torch.stack([fold(seq, range(first_rank(seq), cp.rank)) for seq in seq_ids])
+    start = torch.stack([fold(seq, range(first_segment(seq), cp.segments[slot])) for slot, seq in local])
     if needs_grad:
         start = _DependOn.apply(start, every)
     o, _, v_new = run(v, w, start, output_v_new)
     final = None
     if output_final_state:
-        last = lambda seq: cp.world_size - 1 if cp.cu_seqlens is None else (cp.cu_seqlens[seq + 1] - 1) // T  # noqa: E731
-        final = torch.stack([fold(seq, range(first_rank(seq), last(seq) + 1)) for seq in range(n_global)])
-    return o, final, v_new
+        last = lambda seq: cp.n_segments - 1 if cp.cu_seqlens is None else (cp.cu_seqlens[seq + 1] - 1) // L  # noqa: E731
+        final = torch.stack([fold(seq, range(first_segment(seq), last(seq) + 1)) for seq in range(n_global)])
+    return cp.join_rows(o), final, None if v_new is None else cp.join_rows(v_new)
 
 
 def context_halo(cp: ContextParallel, xs: list[torch.Tensor], width: int) -> list[torch.Tensor]:
     """For each ``[B, T, D_i]`` input of a causal convolution of ``width`` taps on this rank's tokens, the
-    window of each local sequence: ``[N, D_i, width]``, the ``width`` inputs before its first local token
-    (from the rank before; zeros before the sequence's start and for sequences that start on this rank).
-    One exchange for all of ``xs``; differentiable (gradients reach the rank the inputs came from)."""
+    window of each local sequence (``cp.split_rows`` rows, or the packed ones of ``local_cu_seqlens``):
+    ``[N, D_i, width]``, the ``width`` inputs before its first local token (from the segment before; zeros
+    before the sequence's start and for sequences that start in the segment). One exchange for all of
+    ``xs``; differentiable (gradients reach the rank the inputs came from)."""
     B, T = xs[0].shape[:2]
-    if T < width:
-        raise ValueError(f"short convolution: with cp_context every rank needs at least {width} tokens (the "
-                         f"convolution's window), got {T}")
-    every = _all_gather(torch.cat([x[:, T - width:] for x in xs], dim=-1), cp.group)  # [R, B, width, sum D]
-    prev = every[cp.rank - 1] if cp.rank > 0 else torch.zeros_like(every[0])
-    layout = cp.local_layout(T)
-    if layout.cu_seqlens is None:
-        windows = prev
+    L = cp.segment_length(T, "short convolution")
+    if L < width:
+        raise ValueError(f"short convolution: with cp_context every segment needs at least {width} tokens (the "
+                         f"convolution's window), got {L}")
+    tails = torch.stack([torch.cat([x[:, (j + 1) * L - width:(j + 1) * L] for x in xs], dim=-1)
+                         for j in range(len(cp.segments))])  # [S, B, width, sum D]
+    every = _all_gather(tails, cp.group)  # [R, S, B, width, sum D]
+
+    def before(segment: int) -> torch.Tensor:  # the tail of the segment before ``segment``
+        return every[cp.owner(segment - 1)] if segment > 0 else torch.zeros_like(every[0, 0])
+
+    if cp.cu_seqlens is None:
+        windows = torch.cat([before(segment) for segment in cp.segments])  # [S * B, width, sum D], split_rows order
     else:
-        rows = prev.new_zeros((len(layout.seq_ids), *prev.shape[1:]))
-        if layout.from_prev[0]:
-            positions = torch.arange(layout.start - width, layout.start, device=prev.device)
-            keep = (positions >= cp.cu_seqlens[layout.seq_ids[0]]).to(prev.dtype)
-            rows = torch.cat([(prev[0] * keep[:, None])[None], rows[1:]])
-        windows = rows
+        rows = []
+        for segment, lay in zip(cp.segments, cp.segment_layouts(T)):
+            part = every.new_zeros((len(lay.seq_ids), width, every.shape[-1]))
+            if lay.from_prev[0]:
+                positions = torch.arange(lay.start - width, lay.start, device=every.device)
+                keep = (positions >= cp.cu_seqlens[lay.seq_ids[0]]).to(every.dtype)
+                part = torch.cat([(before(segment)[0] * keep[:, None])[None], part[1:]])
+            rows.append(part)
+        windows = torch.cat(rows)
     if every.requires_grad:
         windows = _DependOn.apply(windows, every)
     return [w.transpose(1, 2) for w in windows.split([x.shape[-1] for x in xs], dim=-1)]
 
 
+def _local_offsets(cp: ContextParallel, t_local: int) -> list[int]:
+    L = cp.segment_length(t_local)
+    offsets = [0]
+    for slot, lay in enumerate(cp.segment_layouts(t_local)):
+        offsets += [slot * L + c for c in lay.cu_seqlens[1:]]
+    return offsets
+
+
 def local_cu_seqlens(cp: ContextParallel, t_local: int, device: torch.device) -> torch.Tensor | None:
-    """This rank's packed layout as ``cu_seqlens`` (int32 on ``device``); None for one sequence per row."""
-    layout = cp.local_layout(t_local)
-    return None if layout.cu_seqlens is None else torch.tensor(layout.cu_seqlens, dtype=torch.int32, device=device)
+    """This rank's packed layout as ``cu_seqlens`` (int32 on ``device``; its segments' local sequences, one
+    after the other); None for one sequence per row."""
+    if cp.cu_seqlens is None:
+        return None
+    return torch.tensor(_local_offsets(cp, t_local), dtype=torch.int32, device=device)
 
 
 def next_tokens(cp: ContextParallel, ids: torch.Tensor, fill: int) -> torch.Tensor:
-    """``[B, T]`` ids shifted left by one across the ranks: position t holds the id of t + 1, the last one
-    the next rank's first (``fill`` on the last rank). Not differentiable (token ids)."""
-    firsts = _all_gather(ids[:, :1].contiguous(), cp.group)  # [R, B, 1]
-    after = firsts[cp.rank + 1] if cp.rank + 1 < cp.world_size else torch.full_like(ids[:, :1], fill)
-    return torch.cat([ids[:, 1:], after], dim=1)
+    """``[B, T]`` ids shifted left by one across the ranks: position t holds the id of t + 1, a segment's last
+    one the next segment's first (``fill`` after the last segment). Not differentiable (token ids)."""
+    L = cp.segment_length(ids.shape[1], "labels")
+    firsts = _all_gather(ids[:, ::L].contiguous(), cp.group)  # [R, B, S]: each segment's first id
+    pieces = []
+    for slot, segment in enumerate(cp.segments):
+        if segment + 1 < cp.n_segments:
+            rank, next_slot = cp.owner(segment + 1)
+            after = firsts[rank, :, next_slot:next_slot + 1]
+        else:
+            after = torch.full_like(ids[:, :1], fill)
+        pieces += [ids[:, slot * L + 1:(slot + 1) * L], after]
+    return torch.cat(pieces, dim=1)
 
 
 @torch.compiler.disable
@@ -354,30 +446,40 @@ def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torc
     agree(cp, "prism_attention", {"B": B, "T (local)": T, "H": H, "HKV": k.shape[2], "D": D,
                                   "dtype": list(_DTYPES).index(q.dtype) if q.dtype in _DTYPES else -1,
                                   "causal": bool(causal), "return_lse": bool(return_lse),
+                                  "layout": LAYOUTS.index(cp.layout),
                                   "cu_seqlens": _layout_id(cp),
                                   "gradients": torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))})
     _check_packed(cp, "prism_attention", B, T)
+    L = cp.segment_length(T, "prism_attention")
     kv = _all_gather(torch.stack([k, v]), cp.group)  # [R, 2, B, T, HKV, D]
-    keys, values = (torch.cat(list(kv[:, i].unbind(0)), dim=1) for i in (0, 1))  # [B, R * T, HKV, D]
+    keys, values = (torch.cat([kv[r, i, :, slot * L:(slot + 1) * L]
+                               for r, slot in map(cp.owner, range(cp.n_segments))], dim=1)
+                    for i in (0, 1))  # [B, R * T, HKV, D], in sequence order
     options = dict(causal=causal, scale=scale, return_lse=return_lse, backend=backend, window_size=window_size,
                    softcap=softcap)
-    if cp.cu_seqlens is None:
-        stop = (cp.rank + 1) * T if causal else cp.world_size * T
-        return attention(q, keys[:, :stop], values[:, :stop], **options)
-    layout = cp.local_layout(T)
+    if cp.cu_seqlens is None:  # each segment's queries over the keys up to its end (causal) or all
+        outs = [attention(q[:, slot * L:(slot + 1) * L], keys[:, :(segment + 1) * L if causal else None],
+                          values[:, :(segment + 1) * L if causal else None], **options)
+                for slot, segment in enumerate(cp.segments)]
+        if len(outs) == 1:
+            return outs[0]
+        if return_lse:
+            return torch.cat([o for o, _ in outs], dim=1), torch.cat([lse for _, lse in outs], dim=2)
+        return torch.cat(outs, dim=1)
     cu = cp.cu_seqlens
-    spans = [(cu[s], layout.start + layout.cu_seqlens[i + 1] if causal else cu[s + 1])
-             for i, s in enumerate(layout.seq_ids)]
+    spans = [(cu[s], lay.start + lay.cu_seqlens[i + 1] if causal else cu[s + 1])
+             for lay in cp.segment_layouts(T) for i, s in enumerate(lay.seq_ids)]
     index = torch.cat([torch.arange(lo, hi, device=q.device) for lo, hi in spans])
     lengths = torch.tensor([0] + [hi - lo for lo, hi in spans]).cumsum(0)
     cu_k = lengths.to(device=q.device, dtype=torch.int32)
-    cu_q = local_cu_seqlens(cp, T, q.device)
+    offsets = _local_offsets(cp, T)
+    cu_q = torch.tensor(offsets, dtype=torch.int32, device=q.device)
     return attention(q, keys[:, index], values[:, index], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                     max_seqlen_q=max(b - a for a, b in zip(layout.cu_seqlens, layout.cu_seqlens[1:])),
+                     max_seqlen_q=max(b - a for a, b in zip(offsets, offsets[1:])),
                      max_seqlen_k=max(hi - lo for lo, hi in spans), **options)
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-__all__ = ["ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "attention_context_parallel", "context_halo",
-           "delta_rule_context_parallel", "local_cu_seqlens", "next_tokens", "traffic_bytes"]
+__all__ = ["LAYOUTS", "ContextParallel", "LocalLayout", "agree", "all_reduce_sum", "attention_context_parallel",
+           "context_halo", "delta_rule_context_parallel", "local_cu_seqlens", "next_tokens", "traffic_bytes"]

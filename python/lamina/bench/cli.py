@@ -252,6 +252,8 @@ def _context_parallel(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed steps per case (the median counts)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="CPU threads shared by the ranks (default: every core)")
+    p.add_argument("--layout", default="contiguous", choices=("contiguous", "zigzag"),
+                   help="the context's layout (zigzag: two segments per rank, causal attention balanced)")
     p.add_argument("--out", help="also append the records to this JSON lines file")
     args = p.parse_args(argv)
     ops = _csv(args.op) or ["chunk_gated_delta_rule", "prism_attention"]
@@ -262,7 +264,7 @@ def _context_parallel(argv: list[str]) -> int:
         raise UsageError(f"--ranks: comma-separated integers, got {args.ranks!r}") from None
     try:
         records = run_scaling(ops, ranks, _resolve_device(args.device), args.tokens, args.heads, args.dim,
-                              args.repeats, args.threads)
+                              args.repeats, args.threads, args.layout)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(format_table(records))

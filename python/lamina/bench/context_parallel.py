@@ -67,7 +67,7 @@ def _worker(rank: int, world: int, rendezvous: str, args: dict, out_file: str) -
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{rendezvous}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=300))
     try:
-        cp = ContextParallel() if world > 1 else None
+        cp = ContextParallel(layout=args["layout"]) if world > 1 else None
         dtype = torch.bfloat16 if cuda else torch.float32
         for op in args["ops"]:
             full = _inputs(op, args["tokens"], args["heads"], args["dim"], device, dtype)
@@ -95,6 +95,7 @@ def _worker(rank: int, world: int, rendezvous: str, args: dict, out_file: str) -
             if rank == 0:
                 dt = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
                 record = {"kind": "result", "op": op, "provider": f"lamina-cp{world}", "mode": "fwd+bwd",
+                          "layout": args["layout"],
                           "status": "ok", "device": str(device.type), "ms": ms, "ms_p20": spread[1],
                           "ms_p80": spread[2], "runs": len(times), "dtype": dt,
                           "shape": f"1x{args['tokens']}x{args['heads']}x{args['dim']} {dt}",
@@ -109,8 +110,8 @@ def _worker(rank: int, world: int, rendezvous: str, args: dict, out_file: str) -
 
 
 def run_scaling(ops: list[str], ranks: list[int], device: str, tokens: int, heads: int, dim: int,
-                repeats: int, threads: int) -> list[dict]:
-    """Records of each op at each rank count (``ranks``), in order."""
+                repeats: int, threads: int, layout: str = "contiguous") -> list[dict]:
+    """Records of each op at each rank count (``ranks``), in order, with the context's ``layout``."""
     import torch.multiprocessing as mp
 
     from lamina.bench.results import environment
@@ -119,12 +120,14 @@ def run_scaling(ops: list[str], ranks: list[int], device: str, tokens: int, head
     if unknown:
         raise ValueError(f"op: {unknown} not among {CP_OPS}")
     for world in ranks:
-        if world < 1 or tokens % world:
-            raise ValueError(f"ranks: {world} does not divide the {tokens} tokens")
+        segments = world * (2 if layout == "zigzag" else 1)
+        if world < 1 or tokens % segments:
+            raise ValueError(f"ranks: {world} ranks ({segments} segments, {layout} layout) do not divide the "
+                             f"{tokens} tokens")
         if device == "cuda" and world > torch.cuda.device_count():
             raise ValueError(f"ranks: {world} needs {world} GPUs (one per rank), {torch.cuda.device_count()} here")
     args = {"ops": ops, "device": device, "tokens": tokens, "heads": heads, "dim": dim, "repeats": repeats,
-            "threads": threads}
+            "threads": threads, "layout": layout}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.jsonl"
         out.touch()

@@ -207,9 +207,12 @@ class FlaDeltaLayer(nn.Module):
 
                 cached = context_halo(cp_context, [q, k, v], self.q_conv1d.weight.shape[-1])
                 cu_seqlens = local_cu_seqlens(cp_context, x.shape[1], x.device)
+                q, k, v = (cp_context.split_rows(t) for t in (q, k, v))  # a row per segment and sequence
             outs = [conv(x=t, cache=c, output_final_state=use_cache, cu_seqlens=cu_seqlens)
                     for conv, t, c in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), cached)]
             (q, cq), (k, ck), (v, cv) = outs
+            if cp_context is not None:
+                q, k, v = (cp_context.join_rows(t) for t in (q, k, v))
             conv_state = (cq, ck, cv)
         else:
             if getattr(self, "qk_activation", "silu") == "silu":

@@ -387,7 +387,7 @@ class PrismAttention(nn.Module):
         q, k, v = self._qkv(x)
         if self.rotary is not None:
             layout = None if cp.cu_seqlens is None else torch.tensor(cp.cu_seqlens, device=x.device)
-            positions = rotary_positions(T * cp.world_size, 0, layout, device=x.device)[cp.rank * T:(cp.rank + 1) * T]
+            positions = cp.shard(rotary_positions(T * cp.world_size, 0, layout, device=x.device), dim=0)
             q, k = self.rotary(q, k, positions=positions)
         from lamina.ops.prism_attention import prism_attention
 
