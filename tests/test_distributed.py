@@ -141,6 +141,19 @@ def _check_bad_input(rank: int, world: int, backend: str) -> None:
     # a sequence length the ranks cannot share
     with pytest.raises(ValueError, match=f"shard: x has {world * L + 1} positions along dim 1, not divisible"):
         cp.shard(torch.zeros(1, world * L + 1, 2))
+    # contexts of different layouts on the ranks
+    mixed = ContextParallel(layout="contiguous" if rank == 0 else "zigzag")
+    with pytest.raises(ValueError, match="disagree \\(layout: rank 0 0, rank 1 1"):
+        _run("chunk_kda", local, extra, cp_context=mixed, backend=backend)
+    # zigzag: two segments of equal length per rank
+    zigzag = ContextParallel(layout="zigzag")
+    odd = {n: x[:, :L - 1] if n not in REPLICATED else x for n, x in local.items()}
+    with pytest.raises(ValueError, match="two segments of equal length, so its token count must be even, got 23"):
+        _run("chunk_kda", odd, extra, cp_context=zigzag, backend=backend)
+    with pytest.raises(ValueError, match="not divisible by the context's 4 segments"):
+        zigzag.shard(torch.zeros(1, 2 * 4 + 2, 2))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ContextParallel(layout="ring")
     # malformed layouts and arguments the context cannot take: local errors, before any exchange
     for bad, match in (([0, 5, 5, world * L], "strictly increasing"), ([3, world * L], "starting at 0"),
                        (torch.tensor([[0, world * L]]), "1-d integer tensor"), ([0.0, 4.0], "must be integer offsets")):
@@ -387,7 +400,8 @@ def test_without_a_process_group_or_with_fla_context():
         lamina.chunk_kda(q, q, q, -torch.rand(1, 8, 1, 4), torch.rand(1, 8, 1), cp_context=object())
 
 
-def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys, layout):
     """``lamina bench context-parallel`` on CPU (gloo): a record per op and rank count, with the bytes the
     collectives exchanged (none on one rank; the gathered maps on two)."""
     from lamina.bench.cli import main
@@ -396,17 +410,18 @@ def test_scaling_benchmark_records_each_rank_count(tmp_path, monkeypatch, capsys
     out = tmp_path / "cp.jsonl"
     assert main(["context-parallel", "--ranks", "1,2", "--tokens", "64", "--heads", "2", "--dim", "16",
                  "--repeats", "1", "--op", "chunk_gated_delta_rule,prism_attention", "--device", "cpu",
-                 "--out", str(out)]) == 0
+                 "--layout", layout, "--out", str(out)]) == 0
     import json
 
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["op"], r["params"]["ranks"]) for r in records] == [
         ("chunk_gated_delta_rule", 1), ("prism_attention", 1), ("chunk_gated_delta_rule", 2), ("prism_attention", 2)]
-    assert all(r["ms"] > 0 for r in records)
+    assert all(r["ms"] > 0 for r in records) and {r["layout"] for r in records} == {layout}
     one, two = records[0]["comm_bytes_per_rank"], records[2]["comm_bytes_per_rank"]
-    # two ranks: the call's description (2 x 15 int64) and the maps [2, HV=2, K=16, K+V=32] float32, gathered
-    # forward and all-reduced backward
-    assert one == 0 and two == 2 * 15 * 8 + 2 * (2 * 2 * 16 * 32 * 4)
+    # two ranks: the call's description (2 x 15 int64) and the maps [2, segments per rank, HV=2, K=16, K+V=32]
+    # float32, gathered forward and all-reduced backward
+    segments = 2 if layout == "zigzag" else 1
+    assert one == 0 and two == 2 * 15 * 8 + 2 * (2 * segments * 2 * 16 * 32 * 4)
     assert "vs 1 rank" in capsys.readouterr().out
 
 
