@@ -48,9 +48,9 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
 All three run with ``NUM_WARPS`` warps and ``NUM_STAGES`` stages and the blocks of ``bwd_tiles``, which
 the static report (``lamina info --kernels``) compiles too: what it reports is what runs.
 
-Per-channel decay (DECAY 2) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
+Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
-finite at any T. Scalar decay (DECAY 1) and none (DECAY 0) use matrix products with a ``[BT, BT]``
+finite at any T. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE) use matrix products with a ``[BT, BT]``
 decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
 """
 
@@ -88,7 +88,7 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     has_warpgroup_mma,
     scan_block_v,
 )
-from lamina.kernels.delta_chunk_common import aligned_attrs
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR, aligned_attrs
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
 __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
@@ -117,16 +117,16 @@ def _delta_chunk_bwd_prep_kernel(
 
     Pm = tl.zeros([BT, BT], dtype=tl.float32)
     Mm = tl.zeros([BT, BT], dtype=tl.float32)
-    if ERASE == 0:
+    if ERASE == GATE_SCALAR:
         b_s = load_vec(b + i_hv, t0, L, HV, o_t)
     for k0 in range(0, K, BK):
         q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-        if ERASE == 1:
+        if ERASE == GATE_CHANNEL:
             e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
         else:
             e_t = k_t * b_s[:, None]
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
             P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, L, BT)
             Pm += P1
@@ -135,7 +135,7 @@ def _delta_chunk_bwd_prep_kernel(
             k_T = tl.trans(k_t.to(DT))
             Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
             Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
-    if DECAY == 1:
+    if DECAY == DECAY_SCALAR:
         G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
         gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
         Pm = Pm * gate
@@ -160,22 +160,22 @@ def _delta_chunk_bwd_prep_kernel(
             dU0 += load_rows(dv_new, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         store_tile(dU_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, dU0)
         rhs = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
-        if WRITE == 1:
+        if WRITE == GATE_CHANNEL:
             rhs = rhs * load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         else:
             rhs = rhs * load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
         for k0 in range(0, K, BK):
             k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
             q_g = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * scale
-            if ERASE == 1:
+            if ERASE == GATE_CHANNEL:
                 e_g = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
             else:
                 e_g = k_t * b_s[:, None]
-            if DECAY == 2:
+            if DECAY == DECAY_CHANNEL:
                 gamma = tl.exp(load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY))
                 e_g = e_g * gamma
                 q_g = q_g * gamma
-            elif DECAY == 1:
+            elif DECAY == DECAY_SCALAR:
                 e_g = e_g * tl.exp(G)[:, None]
                 q_g = q_g * tl.exp(G)[:, None]
             S0 = load_state_tile(h, chunk_state, k0, o_k, v0 + o_bv, K, V).to(DT)
@@ -270,13 +270,13 @@ def _delta_chunk_bwd_dh_kernel(
         val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
         val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
         v_t = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
-        if WRITE == 1:
+        if WRITE == GATE_CHANNEL:
             w_t = load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         else:
             w_t = load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
         tl.store(dR_buf + val_offs, dR, mask=val_mask)
         tl.store(dv + val_offs, (dR * w_t).to(dv.dtype.element_ty), mask=val_mask)
-        if WRITE == 1:
+        if WRITE == GATE_CHANNEL:
             tl.store(dw + val_offs, (dR * v_t).to(dw.dtype.element_ty), mask=val_mask)
         else:
             # a partial sum per V block, reduced by the launcher (no atomics)

@@ -22,6 +22,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     row_of,
     rows_gram,
 )
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
@@ -78,12 +79,12 @@ def _delta_chunk_bwd_dqk_kernel(
             de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)
             dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
             dgc += tl.sum(dH * S0, 1)
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
             g_last = row_of(G, o_t, BT - 1)
             gamma = tl.exp(G)
             tail = tl.exp(g_last[None, :] - G)
-        elif DECAY == 1:
+        elif DECAY == DECAY_SCALAR:
             G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
             g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
             gamma = tl.exp(G)[:, None]
@@ -94,13 +95,13 @@ def _delta_chunk_bwd_dqk_kernel(
         dq_h = dq_h * (gamma * scale)
         de_h = -(de_h * gamma)
         dk_h = dk_h * tail
-        if DECAY > 0:
+        if DECAY != DECAY_NONE:
             k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
             # the chunk's total decay enters S_C through Kt and Diag(gamma_C)
             last = tl.sum(k_t * dk_h, 0) + tl.exp(g_last) * dgc
 
         # (2) dP = scale dO U^T (j <= i) and dM = -dR U^T (j < i), then their intra-chunk products
-        if ERASE == 1:
+        if ERASE == GATE_CHANNEL:
             b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
         else:
             b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
@@ -110,7 +111,7 @@ def _delta_chunk_bwd_dqk_kernel(
         k_t = k_in.to(tl.float32)
         e_t = k_t * b_t
         val_head = i_hv * V
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             dP = tl.where(lower, dP * scale, 0.0)
@@ -120,7 +121,7 @@ def _delta_chunk_bwd_dqk_kernel(
             # one [BT, BT] tile at a time: dP's products are done before dM is formed
             k_c = k_in.to(DT)
             dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == 1:
+            if DECAY == DECAY_SCALAR:
                 dP = dP * scale * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
             else:
                 dP = tl.where(lower, dP * scale, 0.0)
@@ -128,7 +129,7 @@ def _delta_chunk_bwd_dqk_kernel(
             dq_h = tl.dot(dP_c, k_c, dq_h, input_precision=DOT_PRECISION)
             dk_h = tl.dot(tl.trans(dP_c), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
             dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == 1:
+            if DECAY == DECAY_SCALAR:
                 dM = -dM * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
             else:
                 dM = tl.where(strict, -dM, 0.0)
@@ -138,19 +139,19 @@ def _delta_chunk_bwd_dqk_kernel(
         dq_acc += dq_h
         dk_acc += dk_h + b_t * de_h
 
-        if ERASE == 1:
+        if ERASE == GATE_CHANNEL:
             b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
             tl.store(db + b_offs, (de_h * k_t).to(db.dtype.element_ty), mask=tile_mask)
         else:
             part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
             tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
-        if DECAY > 0:
+        if DECAY != DECAY_NONE:
             # dk_h is dk without the erase term b*dE: the gradient through the gates' exponents.
             # Rows past L repeat G[BT - 1], so adding ``last`` on row BT - 1 reaches every valid row
             # in the reverse cumulative sum.
             dG = q_t * dq_h + e_t * de_h - k_t * dk_h
             dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
-            if DECAY == 2:
+            if DECAY == DECAY_CHANNEL:
                 g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
                 tl.store(dg + g_offs, tl.cumsum(dG, 0, reverse=True).to(dg.dtype.element_ty), mask=tile_mask)
             else:

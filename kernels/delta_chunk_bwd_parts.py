@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL
+
 
 @triton.jit
 def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr):
@@ -82,10 +84,10 @@ def load_vec(ptr, t0, L, row_stride, o_t):
 
 @triton.jit
 def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr):
-    """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY 1), ``[BT, BK]`` for a
-    per-channel gate (DECAY 2; key columns ``k0 + o_k``). Rows past the chunk end repeat the last
+    """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY_SCALAR), ``[BT, BK]`` for a
+    per-channel gate (DECAY_CHANNEL; key columns ``k0 + o_k``). Rows past the chunk end repeat the last
     valid row (their ``g`` loads as 0), so ``G[BT - 1]`` is the decay of the whole chunk."""
-    if DECAY == 2:
+    if DECAY == DECAY_CHANNEL:
         gk = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
         return tl.cumsum(gk, 0)
     else:
@@ -187,17 +189,17 @@ def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: 
     total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
     DT = k.dtype.element_ty
     k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-    if ERASE == 1:
+    if ERASE == GATE_CHANNEL:
         e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
     else:
         e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
-    if DECAY == 2:
+    if DECAY == DECAY_CHANNEL:
         G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
         g_last = row_of(G, o_t, BT - 1)
         k_tail = (k_t * tl.exp(g_last[None, :] - G)).to(DT)
         e_g = (e_t * tl.exp(G)).to(DT)
         decay_chunk = tl.exp(g_last)[:, None]
-    elif DECAY == 1:
+    elif DECAY == DECAY_SCALAR:
         G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
         g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
         k_tail = (k_t * tl.exp(g_last - G)[:, None]).to(DT)

@@ -61,6 +61,14 @@ class GateKind:
     CHANNEL = 1  # GDN-2: b [B, T, HV, K] (erase) or w [B, T, HV, V] (write)
 
 
+# The same kinds, readable inside @triton.jit code: kernels compare their DECAY, ERASE and WRITE flags to these.
+DECAY_NONE = tl.constexpr(DecayKind.NONE)
+DECAY_SCALAR = tl.constexpr(DecayKind.SCALAR)
+DECAY_CHANNEL = tl.constexpr(DecayKind.CHANNEL)
+GATE_SCALAR = tl.constexpr(GateKind.SCALAR)
+GATE_CHANNEL = tl.constexpr(GateKind.CHANNEL)
+
+
 # (DECAY, ERASE, WRITE) flags of each variant.
 VARIANT_FLAGS = {
     "delta": (DecayKind.NONE, GateKind.SCALAR, GateKind.SCALAR),

@@ -36,6 +36,9 @@ import triton.language as tl
 from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, register_aot
 from lamina.kernels.delta_chunk_common import (
     CHUNK_SIZE,
+    DECAY_CHANNEL,
+    DECAY_SCALAR,
+    GATE_SCALAR,
     MIN_BLOCK,
     SUB_BLOCK_C,
     VARIANT_FLAGS,
@@ -113,10 +116,10 @@ def _delta_chunk_prep_fwd_kernel(
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
 
     # -- cumulative log decay inside the chunk ------------------------------------------------
-    if DECAY == 1:
+    if DECAY == DECAY_SCALAR:
         b_gs = tl.cumsum(tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32), axis=0)
         tl.store(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), b_gs, mask=m_t)
-    if DECAY == 2:
+    if DECAY == DECAY_CHANNEL:
         for kb in tl.static_range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m = m_t[:, None] & (o_k < K)[None, :]
@@ -124,7 +127,7 @@ def _delta_chunk_prep_fwd_kernel(
             tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), tl.cumsum(b_g, axis=0), mask=m)
         # the diagonal sub-blocks below read other rows of gcum written by other threads
         tl.debug_barrier()
-    if ERASE == 0:
+    if ERASE == GATE_SCALAR:
         b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
 
     # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
@@ -135,11 +138,11 @@ def _delta_chunk_prep_fwd_kernel(
         m = m_t[:, None] & (o_k < K)[None, :]
         b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
         b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
-        if ERASE == 0:
+        if ERASE == GATE_SCALAR:
             b_e = b_k * b_beta[:, None]
         else:
             b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             b_G = tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
             # strictly block-lower part: rows of sub-block i against every earlier row, both
             # factors taken relative to row r = i*SUB - 1 (exp(G_t - G_r) <= 1 for t > r,
@@ -172,10 +175,10 @@ def _delta_chunk_prep_fwd_kernel(
             b_kT = tl.trans(b_k.to(DT))
             b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PREC)
             b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PREC)
-    if DECAY != 2:
+    if DECAY != DECAY_CHANNEL:
         m_lower = o_t[:, None] > o_t[None, :]
         m_lower_eq = o_t[:, None] >= o_t[None, :]
-        if DECAY == 1:
+        if DECAY == DECAY_SCALAR:
             d = _masked_exp(b_gs[:, None] - b_gs[None, :], m_lower_eq)
             b_L = b_L * d
             b_Aqk = b_Aqk * d
@@ -217,23 +220,23 @@ def _delta_chunk_prep_fwd_kernel(
         o_k = kb * BK + tl.arange(0, BK)
         m = m_t[:, None] & (o_k < K)[None, :]
         b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if ERASE == 0:
+        if ERASE == GATE_SCALAR:
             b_e = b_k * b_beta[:, None]
         else:
             b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if DECAY == 1:
+        if DECAY == DECAY_SCALAR:
             b_e = b_e * tl.exp(b_gs)[:, None]
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
         b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PREC)
         tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
-    if WRITE == 0:
+    if WRITE == GATE_SCALAR:
         b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
         o_v = vb * BV + tl.arange(0, BV)
         m_z = m_t[:, None] & (o_v < V)[None, :]
         b_z = tl.load(_row_ptrs(v, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
-        if WRITE == 0:
+        if WRITE == GATE_SCALAR:
             b_z = b_z * b_wbeta[:, None]
         else:
             b_z = b_z * tl.load(_row_ptrs(w, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
@@ -254,9 +257,9 @@ def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 
     m = m_t[:, None] & (o_k < K)[None, :]
     b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
     b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
-    if DECAY == 1:
+    if DECAY == DECAY_SCALAR:
         b_q = b_q * tl.exp(b_gs)[:, None]
-    if DECAY == 2:
+    if DECAY == DECAY_CHANNEL:
         b_q = b_q * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
     b_sd = b_s.to(DT)
     acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PREC)
@@ -275,10 +278,10 @@ def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_
     mT = m_k[:, None] & m_t[None, :]
     p_kT = _col_ptrs(k, tok0, o_t, i_h, H, K, o_k)
     b_kT = tl.load(p_kT, mask=mT, other=0.0).to(tl.float32)
-    if DECAY == 1:
+    if DECAY == DECAY_SCALAR:
         b_kT = b_kT * _masked_exp(g_last - b_gs, m_t)[None, :]
         b_s = b_s * tl.exp(g_last)
-    if DECAY == 2:
+    if DECAY == DECAY_CHANNEL:
         b_GT = tl.load(_col_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=mT, other=0.0)
         b_Gl = tl.load(gcum + (tok_last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
         b_kT = b_kT * _masked_exp(b_Gl[:, None] - b_GT, mT)
@@ -335,7 +338,7 @@ def _delta_chunk_scan_fwd_kernel(
                 _store_state(h, c0 + i_t, b_s3, i_hv, 3, o_v, HV, K, V, BK)
         b_gs = tl.zeros([BT], dtype=tl.float32)
         g_last = 0.0
-        if DECAY == 1:
+        if DECAY == DECAY_SCALAR:
             b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
             g_last = tl.load(gcum + tok_last * HV + i_hv)
         acc_v = tl.zeros([BT, BV], dtype=tl.float32)

@@ -16,6 +16,9 @@ import triton.language as tl
 
 from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, register_aot
 from lamina.kernels.delta_chunk_common import (
+    DECAY_CHANNEL,
+    DECAY_SCALAR,
+    GATE_SCALAR,
     MIN_BLOCK,
     STATE_TILE_ELEMS,
     VARIANT_FLAGS,
@@ -43,7 +46,7 @@ def _gate(x, A_log, dt_bias, i_hv, o_k, m_k, lower_bound, K: tl.constexpr, DECAY
     """fla's gate activation of the raw gate ``x`` (scalar, or per key channel): GATE_ACT 1 is
     ``-exp(A_log) * softplus(x + dt_bias)``, 2 is ``lower_bound * sigmoid(exp(A_log) * (x + dt_bias))``."""
     if HAS_DT:
-        if DECAY == 1:
+        if DECAY == DECAY_SCALAR:
             x += tl.load(dt_bias + i_hv).to(tl.float32)
         else:
             x += tl.load(dt_bias + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -138,22 +141,22 @@ def _delta_recurrent_fwd_kernel(
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
         b_q = b_q * scale
-        if DECAY == 1:
+        if DECAY == DECAY_SCALAR:
             b_g = tl.load(g + tok * HV + i_hv).to(tl.float32)
             if GATE_ACT != 0:
                 b_g = _gate(b_g, A_log, dt_bias, i_hv, o_k, m_k, lower_bound, K, DECAY, GATE_ACT, HAS_A, HAS_DT)
             b_s = b_s * tl.exp(b_g)
-        if DECAY == 2:
+        if DECAY == DECAY_CHANNEL:
             b_g = tl.load(g + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             if GATE_ACT != 0:
                 b_g = _gate(b_g, A_log, dt_bias, i_hv, o_k, m_k, lower_bound, K, DECAY, GATE_ACT, HAS_A, HAS_DT)
             b_s = b_s * tl.exp(b_g)[:, None]
-        if ERASE == 0:
+        if ERASE == GATE_SCALAR:
             b_e = b_k * _beta(tl.load(b + tok * HV + i_hv).to(tl.float32), BETA_ACT)
         else:
             b_e = b_k * _beta(tl.load(b + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32),
                               BETA_ACT)
-        if WRITE == 0:
+        if WRITE == GATE_SCALAR:
             b_z = b_v * _beta(tl.load(w + tok * HV + i_hv).to(tl.float32), BETA_ACT)
         else:
             b_z = b_v * _beta(tl.load(w + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32),
