@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 
 import torch
@@ -68,6 +69,11 @@ def main() -> None:
         if cp.rank == 0:
             print(f"step {step}: loss {whole:.4f} ({cp.world_size} ranks x {args.tokens // cp.world_size} tokens)",
                   flush=True)
+    # Free the FSDP2 model (its state holds reference cycles) while the process group lives: without this, gloo
+    # runs on a loaded CPU aborted at interpreter exit ("terminate called without an active exception") in 4 of
+    # 32 runs, none in 30 with it.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 import os
 import zlib
 
@@ -332,6 +333,7 @@ def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str, 
     try:
         SCENARIOS[scenario](rank, world, backend)
     finally:
+        gc.collect()  # FSDP2 models (reference cycles) freed before the group (examples/train_context_parallel.py)
         dist.destroy_process_group()
 
 

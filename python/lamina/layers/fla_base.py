@@ -196,7 +196,7 @@ class FlaDeltaLayer(nn.Module):
 
         Without short convolutions q and k get SiLU unless the layer sets another ``qk_activation``
         (DeltaNet applies it after this step); v always gets SiLU. With ``cp_context`` the convolutions
-        start from the rank before's last inputs.
+        start from the previous segment's last inputs.
         """
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
@@ -273,7 +273,7 @@ class FlaDeltaLayer(nn.Module):
                 or the write error (``"cler"``) of every token (zeros at padding).
             cp_context: a ``lamina.distributed.ContextParallel``: ``hidden_states`` holds this rank's tokens
                 of sequences split across its ranks (``cp.shard``); the short convolutions take their
-                windows from the rank before and the delta rule runs context-parallel (training and
+                windows from the segment before and the delta rule runs context-parallel (training and
                 prefill: no cache, no padding mask, the packed layout is the context's).
             **kwargs: other arguments model stacks pass to every layer (e.g. ``position_ids``),
                 unused here as in fla.

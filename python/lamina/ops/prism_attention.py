@@ -391,9 +391,10 @@ def prism_attention(
             before the softmax; 0 is off. Keyword-only. lse is that of the capped scores.
         cp_context: a ``lamina.distributed.ContextParallel`` (keyword-only): q, k and v hold this rank's
             tokens of self-attention over sequences split across its ranks (``cp.shard``; T == S, the
-            packed layout is the context's, so no ``cu_seqlens_*``). Every rank gathers the keys and
-            values up to its last query (all of them without ``causal``) and attends its queries to
-            them; gradients reach the ranks the keys came from. Windows need ``causal``.
+            packed layout is the context's, so no ``cu_seqlens_*``; either of its layouts). Every rank
+            gathers the keys and values, and each of its segments attends to them up to its last query
+            (all of them without ``causal``); gradients reach the ranks the keys came from. Windows need
+            ``causal``.
 
     Returns:
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
