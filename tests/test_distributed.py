@@ -290,34 +290,53 @@ def _check_compiled_training(rank: int, world: int, backend: str) -> None:
 
 def _check_attention(rank: int, world: int, backend: str) -> None:
     """prism_attention with ``cp_context`` against the float64 reference on the whole sequences: o, lse, and
-    the gradients of q, k, v; D in {64, 192, 320}, causal or not, GQA, dense rows and packed sequences, a
-    causal sliding window and softcapping."""
+    the gradients of q, k, v through both; D in {64, 192, 320}, causal or not, GQA, dense rows (ring
+    attention) and packed sequences (all-gather), a causal sliding window (all-gather) and softcapping. The
+    ring computes exactly the visible blocks: causal, a query segment's keys up to it (with zigzag the same
+    2R + 1 blocks on every rank); otherwise every block."""
+    from lamina.ops import prism_attention as module
     from lamina.reference import attention_ref
 
+    blocks = []
+    module.attention_block = lambda *args, run=module.attention_block: blocks.append(args[3]) or run(*args)
     cases = [(64, True, {}), (192, False, {}), (320, True, {"window_size": (20, 0), "softcap": 5.0}),
-             (64, False, {"softcap": 3.0})]
+             (64, False, {"softcap": 3.0}), (320, True, {"softcap": 2.0})]
+    if backend == "triton":  # the interpreter is slow: the ring's two block kinds and softcapping on the kernels
+        cases = [(64, True, {"softcap": 2.0}), (64, False, {})]
     for (D, causal, options), varlen in ((c, p) for c in cases for p in (False, True)):
         gen = torch.Generator().manual_seed(D * 2 + causal + 7 * varlen)
         B, T = (1, world * L) if varlen else (2, world * L)
         q, k, v = (torch.randn(B, T, h, D, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
         do = torch.randn(q.shape, generator=gen, dtype=torch.float64)
+        dlse = torch.randn(B, 4, T, generator=gen, dtype=torch.float64)
         cu = PACKS[world] if varlen else None
         ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
         cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
         o, lse = attention_ref(*ref_in, causal=causal, cu_seqlens_q=cu_t, cu_seqlens_k=cu_t, return_lse=True,
                                **options)
-        ref_grads = torch.autograd.grad((o * do).sum(), ref_in)
+        ref_grads = torch.autograd.grad((o * do).sum() + (lse * dlse).sum(), ref_in)
 
         cp = _context(cu)
         mine = [cp.shard(x).float().requires_grad_() for x in (q, k, v)]
+        blocks.clear()
         o_cp, lse_cp = lamina.prism_attention(*mine, causal=causal, return_lse=True, backend=backend,
                                               cp_context=cp, **options)
-        grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum(), mine)
+        grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum() + (lse_cp * cp.shard(dlse, 2).float()).sum(),
+                                    mine)
         where = f"D={D} causal={causal} {options} {'packed' if varlen else 'dense'} rank {rank}/{world}"
         assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
         assert_close(f"{where}: lse", lse_cp, cp.shard(lse.detach(), dim=2))
         for name, grad, want in zip("qkv", grads, ref_grads):
             assert_close(f"{where}: d{name}", grad, cp.shard(want), scale=gradient_scale(want))
+        if varlen or "window_size" in options:
+            assert not blocks, f"{where}: ran {len(blocks)} ring blocks, expected the all-gather path"
+        elif causal:
+            assert len(blocks) == sum(s + 1 for s in cp.segments), f"{where}: {len(blocks)} ring blocks"
+            assert blocks.count(True) == len(cp.segments), f"{where}: {blocks.count(True)} diagonal blocks"
+            if cp.layout == "zigzag":
+                assert len(blocks) == 2 * world + 1, f"{where}: zigzag unbalanced, {len(blocks)} blocks"
+        else:
+            assert blocks == [False] * (len(cp.segments) * cp.n_segments), f"{where}: {len(blocks)} ring blocks"
 
 
 SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "compile": _check_compiled_training,
@@ -368,6 +387,12 @@ def test_context_parallel_on_the_triton_kernels(tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 def test_attention_with_context_parallel_equals_the_reference(tmp_path, world, layout):
     _spawn(tmp_path, world, "attention", layout=layout)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_attention_on_the_triton_kernels(tmp_path, layout):
+    _spawn(tmp_path, 2, "attention", backend="triton", layout=layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

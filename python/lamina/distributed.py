@@ -127,14 +127,16 @@ class ContextParallel:
         self.rank = dist.get_rank(self.group)
         self.cu_seqlens = None if cu_seqlens is None else _offsets(cu_seqlens)
         self.layout = layout
-        # the global segments this rank holds, in local order
-        last = 2 * self.world_size - 1
-        self.segments = (self.rank,) if layout == "contiguous" else (self.rank, last - self.rank)
+        self.segments = self.segments_of(self.rank)  # the global segments this rank holds, in local order
         self.n_segments = self.world_size * len(self.segments)
 
     def __repr__(self) -> str:
         layout = "one sequence per row" if self.cu_seqlens is None else f"{len(self.cu_seqlens) - 1} packed sequences"
         return f"ContextParallel(rank {self.rank} of {self.world_size}, {self.layout}, {layout})"
+
+    def segments_of(self, rank: int) -> tuple[int, ...]:
+        """The global segments rank ``rank`` holds, in its local order."""
+        return (rank,) if self.layout == "contiguous" else (rank, 2 * self.world_size - 1 - rank)
 
     def owner(self, segment: int) -> tuple[int, int]:
         """(rank, slot): where global segment ``segment`` is held, and its place among that rank's segments."""
@@ -423,13 +425,125 @@ def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _ring_pass(cp: ContextParallel, x: torch.Tensor, tag: int = 0) -> tuple[list, torch.Tensor]:
+    """Start sending ``x`` to the next rank of the ring (rank + 1) and receiving the previous rank's into a new
+    buffer: (the requests to wait on, the buffer). ``tag`` tells two exchanges in flight apart (gloo)."""
+    got = torch.empty_like(x)
+    send_to = dist.get_global_rank(cp.group, (cp.rank + 1) % cp.world_size)
+    take_from = dist.get_global_rank(cp.group, (cp.rank - 1) % cp.world_size)
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, send_to, cp.group, tag),
+                                       dist.P2POp(dist.irecv, got, take_from, cp.group, tag)])
+    _TRAFFIC[0] += got.numel() * got.element_size()
+    return requests, got
+
+
+def _ring_blocks(cp: ContextParallel, source: int, causal: bool) -> list[tuple[int, int, bool]]:
+    """The blocks this rank computes with the keys of rank ``source``: (local query slot, source's key slot,
+    diagonal). Causal: a query segment sees the key segments before it whole, its own one causally (equal
+    lengths: the diagonal block), none after it."""
+    blocks = []
+    for a, query in enumerate(cp.segments):
+        for b, key in enumerate(cp.segments_of(source)):
+            if not causal or key <= query:
+                blocks.append((a, b, causal and key == query))
+    return blocks
+
+
+def _merge(o: torch.Tensor | None, lse: torch.Tensor | None, o_blk: torch.Tensor, lse_blk: torch.Tensor):
+    """Softmax over the union of two key sets from each one's output ([B, T, H, D]) and lse ([B, H, T]):
+    float32 o, and lse. A row no key is visible to yet keeps lse = -inf and o = 0."""
+    if o is None:
+        return o_blk.float(), lse_blk
+    merged = torch.logaddexp(lse, lse_blk)
+    base = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)
+    weight = lambda x: torch.exp(x - base).transpose(1, 2)[..., None]  # noqa: E731  [B, T, H, 1]
+    return o * weight(lse) + o_blk.float() * weight(lse_blk), merged
+
+
+class _RingAttention(torch.autograd.Function):
+    """Attention of this rank's queries over the keys and values of the whole sequences, without gathering
+    them: the keys and values pass once around the ring of ranks (rank r sends to r + 1), each rank attends
+    to the blocks it holds while the next ones are in flight and merges them by their lse. Backward passes
+    them around again, with float32 dk/dv accumulators that travel with them and return to their rank at the
+    end; each block's gradients come from the whole rows' o and lse (nothing is saved per block). Memory:
+    this rank's q, k, v, o, lse and two blocks of keys and values in flight."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cp: ContextParallel, causal: bool, scale: float, softcap: float, path: str):
+        from lamina.ops.prism_attention import attention_block
+
+        L = q.shape[1] // len(cp.segments)
+        part = lambda x, slot: x[:, slot * L:(slot + 1) * L]  # noqa: E731
+        outs, lses = [None] * len(cp.segments), [None] * len(cp.segments)
+        kv = torch.stack([k, v])
+        for step in range(cp.world_size):
+            if step + 1 < cp.world_size:
+                requests, incoming = _ring_pass(cp, kv)
+            for a, b, diagonal in _ring_blocks(cp, (cp.rank - step) % cp.world_size, causal):
+                o_blk, lse_blk = attention_block(part(q, a), part(kv[0], b), part(kv[1], b), diagonal, scale,
+                                                 softcap, path)
+                outs[a], lses[a] = _merge(outs[a], lses[a], o_blk, lse_blk)
+            if step + 1 < cp.world_size:
+                for request in requests:
+                    request.wait()
+                kv = incoming
+        o, lse = torch.cat(outs, dim=1).to(q.dtype), torch.cat(lses, dim=2)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cp, ctx.causal, ctx.scale, ctx.softcap, ctx.path = cp, causal, scale, softcap, path
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        from lamina.ops.prism_attention import attention_block_backward
+
+        q, k, v, o, lse = ctx.saved_tensors
+        cp = ctx.cp
+        L = q.shape[1] // len(cp.segments)
+        part = lambda x, slot: x[:, slot * L:(slot + 1) * L]  # noqa: E731
+        rows = lambda x, slot: x[:, :, slot * L:(slot + 1) * L]  # noqa: E731  lse-shaped [B, H, T]
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v])
+        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # the gradients of the keys held
+        for step in range(cp.world_size):
+            if step + 1 < cp.world_size:
+                requests, incoming = _ring_pass(cp, kv)
+            for a, b, diagonal in _ring_blocks(cp, (cp.rank - step) % cp.world_size, ctx.causal):
+                dq_blk, dk_blk, dv_blk = attention_block_backward(
+                    part(do, a), None if dlse is None else rows(dlse, a), part(q, a), part(kv[0], b),
+                    part(kv[1], b), part(o, a), rows(lse, a), diagonal, ctx.scale, ctx.softcap, ctx.path)
+                part(dq, a).add_(dq_blk)
+                part(dkv[0], b).add_(dk_blk)
+                part(dkv[1], b).add_(dv_blk)
+            # The accumulators follow their keys to the next rank (after the last step: back to their own).
+            if cp.world_size > 1:
+                grad_requests, dkv = _ring_pass(cp, dkv, tag=1)
+                for request in grad_requests:
+                    request.wait()
+            if step + 1 < cp.world_size:
+                for request in requests:
+                    request.wait()
+                kv = incoming
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+
+
+@torch.compiler.disable
+def _ring_attention(cp: ContextParallel, q, k, v, causal: bool, scale: float, softcap: float, path: str):
+    """``_RingAttention`` outside torch.compile's graphs (its point-to-point exchanges run eagerly)."""
+    return _RingAttention.apply(q, k, v, cp, causal, scale, softcap, path)
+
+
 def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torch.Tensor, k: torch.Tensor,
                                v: torch.Tensor, causal: bool, scale: float | None, return_lse: bool, backend: str,
                                window_size: tuple[int, int], softcap: float):
     """``attention`` (``prism_attention``'s signature) of this rank's queries over the keys and values of the
-    whole sequences: one differentiable all-gather of k and v, then each local sequence attends to its keys
-    up to its last local query (``causal``: the bottom-right alignment then puts every query at its global
-    position) or to all of them."""
+    whole sequences.
+
+    One sequence per row, without a window: ring attention (``_RingAttention``), which never holds more than
+    two segments' keys and values; with the zigzag layout every rank computes the same number of causal
+    blocks. Packed sequences (the context's ``cu_seqlens``) or a sliding window: one differentiable
+    all-gather of k and v, then each local sequence attends to its keys up to its last local query
+    (``causal``: the bottom-right alignment then puts every query at its global position) or to all of
+    them."""
     if not isinstance(cp, ContextParallel):
         raise TypeError(f"prism_attention: cp_context must be a lamina.distributed.ContextParallel, "
                         f"got {type(cp).__name__}")
@@ -451,6 +565,18 @@ def attention_context_parallel(cp: ContextParallel, attention: Callable, q: torc
                                   "gradients": torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))})
     _check_packed(cp, "prism_attention", B, T)
     L = cp.segment_length(T, "prism_attention")
+    if cp.cu_seqlens is None and (left, right) == (-1, -1) and L > 0:
+        from lamina._dispatch import select_backend
+        from lamina.ops.prism_attention import KERNEL_DTYPES, _check_inputs, _check_window
+
+        _check_inputs(q, k, v, scale, None, None, None, None, None)
+        _, softcap = _check_window(window_size, softcap)
+        scale = float(D ** -0.5 if scale is None else scale)
+        path = select_backend("prism_attention", backend, [q, k, v])
+        if path == "triton" and q.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"q: the triton backend takes dtypes float16, bfloat16, float32, got {q.dtype}")
+        o, lse = _ring_attention(cp, q, k, v, bool(causal), scale, softcap, path)
+        return (o, lse) if return_lse else o
     kv = _all_gather(torch.stack([k, v]), cp.group)  # [R, 2, B, T, HKV, D]
     keys, values = (torch.cat([kv[r, i, :, slot * L:(slot + 1) * L]
                                for r, slot in map(cp.owner, range(cp.n_segments))], dim=1)

@@ -168,8 +168,8 @@ def _prism_attention_bwd_op(
     from lamina.kernels.prism_attn_bwd import prism_attn_bwd
 
     return prism_attn_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(),
-                          lse, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dlse=dlse,
-                          window_size=(window_left, window_right), softcap=softcap)
+                          lse.contiguous(), causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          dlse=dlse, window_size=(window_left, window_right), softcap=softcap)
 
 
 @_prism_attention_bwd_op.register_fake
@@ -228,24 +228,46 @@ class _SDPAExactBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v = ctx.saved_tensors
-        seqlen_q, seqlen_k = q.shape[2], k.shape[2]
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for start in range(0, seqlen_q, EXACT_BACKWARD_BLOCK):
-            rows = slice(start, start + EXACT_BACKWARD_BLOCK)
-            q_blk, do_blk = q[:, :, rows], do[:, :, rows]
-            # Causal: keys past the block's last visible one take no part (every row sees key 0).
-            keys = seqlen_k if not ctx.causal else min(seqlen_k, start + q_blk.shape[2] + seqlen_k - seqlen_q)
-            k_blk, v_blk = k[:, :, :keys], v[:, :, :keys]
-            s = (q_blk @ k_blk.transpose(-1, -2)).mul_(ctx.scale)
-            if ctx.causal:
-                s.masked_fill_(~_visible(seqlen_q, seqlen_k, start, q_blk.shape[2], q.device)[:, :keys], float("-inf"))
-            p = s.sub_(torch.logsumexp(s, dim=-1, keepdim=True)).exp_()
-            dv[:, :, :keys] += p.transpose(-1, -2) @ do_blk
-            dp = do_blk @ v_blk.transpose(-1, -2)
-            ds = dp.sub_((p * dp).sum(-1, keepdim=True)).mul_(p)
-            dq[:, :, rows] = (ds @ k_blk).mul_(ctx.scale)
-            dk[:, :, :keys] += (ds.transpose(-1, -2) @ q_blk).mul_(ctx.scale)
-        return dq, dk, dv, None, None
+        return (*_exact_backward(q, k, v, do, ctx.causal, ctx.scale), None, None)
+
+
+def _exact_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool, scale: float,
+    lse: torch.Tensor | None = None, delta: torch.Tensor | None = None, softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of softmax attention, blockwise over query rows (``_SDPAExactBackward``'s formulas).
+
+    Inputs are [B, H, T, D] (key heads already repeated) and every row sees a key. ``lse`` and ``delta``
+    ([B, H, T]) are recomputed from these keys when None; a caller that holds a part of each row's keys
+    (one block of ring attention) passes those of the whole rows, ``delta = rowsum(dO * O) - dlse``.
+    ``softcap`` > 0: the scores are ``softcap * tanh(s / softcap)``, and their gradient is chained through it.
+    """
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for start in range(0, seqlen_q, EXACT_BACKWARD_BLOCK):
+        rows = slice(start, start + EXACT_BACKWARD_BLOCK)
+        q_blk, do_blk = q[:, :, rows], do[:, :, rows]
+        # Causal: keys past the block's last visible one take no part (every row sees key 0).
+        keys = seqlen_k if not causal else min(seqlen_k, start + q_blk.shape[2] + seqlen_k - seqlen_q)
+        k_blk, v_blk = k[:, :, :keys], v[:, :, :keys]
+        s = (q_blk @ k_blk.transpose(-1, -2)).mul_(scale)
+        capped = None
+        if softcap > 0:
+            capped = torch.tanh(s / softcap)
+            s = capped * softcap
+        if causal:
+            s.masked_fill_(~_visible(seqlen_q, seqlen_k, start, q_blk.shape[2], q.device)[:, :keys], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1, keepdim=True) if lse is None else lse[:, :, rows, None]
+        p = s.sub_(row_lse).exp_()
+        dv[:, :, :keys] += p.transpose(-1, -2) @ do_blk
+        dp = do_blk @ v_blk.transpose(-1, -2)
+        row_delta = (p * dp).sum(-1, keepdim=True) if delta is None else delta[:, :, rows, None]
+        ds = dp.sub_(row_delta).mul_(p)
+        if capped is not None:
+            ds.mul_(1 - capped * capped)
+        dq[:, :, rows] = (ds @ k_blk).mul_(scale)
+        dk[:, :, :keys] += (ds.transpose(-1, -2) @ q_blk).mul_(scale)
+    return dq, dk, dv
 
 
 def _attention_torch_sdpa(
@@ -391,10 +413,10 @@ def prism_attention(
             before the softmax; 0 is off. Keyword-only. lse is that of the capped scores.
         cp_context: a ``lamina.distributed.ContextParallel`` (keyword-only): q, k and v hold this rank's
             tokens of self-attention over sequences split across its ranks (``cp.shard``; T == S, the
-            packed layout is the context's, so no ``cu_seqlens_*``; either of its layouts). Every rank
-            gathers the keys and values, and each of its segments attends to them up to its last query
-            (all of them without ``causal``); gradients reach the ranks the keys came from. Windows need
-            ``causal``.
+            packed layout is the context's, so no ``cu_seqlens_*``; either of its layouts). Ring
+            attention: the keys and values pass around the ranks and each segment attends to those up to
+            its last query (all of them without ``causal``); gradients reach the ranks the keys came from.
+            Packed sequences and windows gather the keys and values instead. Windows need ``causal``.
 
     Returns:
         o: [B, T, H, D] in q's dtype, and with ``return_lse`` lse: [B, H, T] float32 (natural log).
@@ -469,4 +491,39 @@ def _check_window(window_size: object, softcap: object) -> tuple[tuple[int, int]
     return (int(window_size[0]), int(window_size[1])), float(softcap)
 
 
-__all__ = ["prism_attention"]
+
+# ----------------------------------------------------------------------------------------------
+# Blocks of ring attention (lamina.distributed): one query block over one key block, no autograd
+# ----------------------------------------------------------------------------------------------
+def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                    softcap: float, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, T, H, D] over k, v [B, S, HKV, D] (validated by the caller): o in q's dtype and lse [B, H, T]
+    float32, on ``path`` ("triton": the forward kernel; "torch": the blockwise PyTorch path)."""
+    if path == "triton":
+        return _prism_attention_fwd_op(q, k, v, None, None, q.shape[1], k.shape[1], causal, scale, -1, -1, softcap)
+    return _attention_torch_dense(q, k, v, causal, scale, True, (-1, -1), softcap)
+
+
+def attention_block_backward(
+    do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+    lse: torch.Tensor, causal: bool, scale: float, softcap: float, path: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of one block given the output ``o``, ``lse`` and their gradients ``do``, ``dlse`` of whole
+    rows (every key block of the rows merged): with ``P = exp(s - lse)`` the block's gradients are its share
+    of the whole rows' (the backward kernel's formulas, which read ``o`` and ``lse`` rather than recompute
+    them). Gradients in float32 on the PyTorch path, in the inputs' dtypes on the kernel path."""
+    if path == "triton":
+        return _prism_attention_bwd_op(do, dlse, q, k, v, o, lse, None, None, q.shape[1], k.shape[1], causal,
+                                       scale, -1, -1, softcap)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    group = q.shape[2] // k.shape[2]
+    qt, dot = (rearrange(x.to(compute), "b t h d -> b h t d") for x in (q, do))
+    kt, vt = (rearrange(x.to(compute), "b s h d -> b h s d").repeat_interleave(group, dim=1) for x in (k, v))
+    delta = rearrange((do.to(compute) * o.to(compute)).sum(-1), "b t h -> b h t")
+    if dlse is not None:
+        delta = delta - dlse
+    dq, dk, dv = _exact_backward(qt, kt, vt, dot, causal, scale, lse.to(compute), delta, softcap)
+    dk, dv = (rearrange(x, "b (hk g) s d -> b s hk g d", g=group).sum(3) for x in (dk, dv))
+    return rearrange(dq, "b h t d -> b t h d"), dk, dv
+
+__all__ = ["attention_block", "attention_block_backward", "prism_attention"]
