@@ -86,10 +86,11 @@ def test_non_float_scale_is_a_type_error():
 def test_torch_path_matches_reference_float64(d, t, s, h, hk, causal):
     q, k, v = _qkv(2, t, s, h, hk, d, torch.float64, grad=True)
     do = torch.randn(2, t, h, d, dtype=torch.float64)
+    dlse = torch.randn(2, h, t, dtype=torch.float64)
     o, lse = prism_attention(q, k, v, causal=causal, return_lse=True, backend="torch")
-    grads = torch.autograd.grad(o, (q, k, v), do)
+    grads = torch.autograd.grad((o, lse), (q, k, v), (do, dlse.float()))
     o_ref, lse_ref = attention_ref(q, k, v, causal=causal, return_lse=True)
-    grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+    grads_ref = torch.autograd.grad((o_ref, lse_ref), (q, k, v), (do, dlse))
     torch.testing.assert_close(o, o_ref)
     torch.testing.assert_close(lse, lse_ref.float())
     for g, g_ref in zip(grads, grads_ref):
@@ -186,17 +187,22 @@ def test_torch_compile_fullgraph_torch_backend():
 
 @pytest.mark.parametrize("causal, T, S", [(True, 33, 33), (True, 20, 47), (False, 47, 20), (True, 47, 20)])
 def test_torch_path_fused_and_blockwise_agree(causal, T, S):
-    """Without return_lse the torch backend may take PyTorch's fused attention; with it, the blockwise path.
-    Both compute in float32 and must agree (and the T > S causal rows with no key stay 0)."""
+    """Without a window the torch backend may take PyTorch's fused attention; with one, the blockwise path (a
+    window wider than both sequences bounds nothing). Both compute in float32 and must agree, lse too (and
+    the T > S causal rows with no key stay 0)."""
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(2, T, 4, 96, generator=gen, dtype=torch.float64)
     k = torch.randn(2, S, 2, 96, generator=gen, dtype=torch.float64)
     v = torch.randn(2, S, 2, 96, generator=gen, dtype=torch.float64)
-    fused = prism_attention(q.float(), k.float(), v.float(), causal=causal, backend="torch")
-    blockwise, _ = prism_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True,
-                                          backend="torch")
-    assert_close("o", fused, attention_ref(q, k, v, causal=causal), kind="recurrence", dtype=torch.float32)
+    fused, lse = prism_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True, backend="torch")
+    wide = (T + S, T + S)
+    blockwise, lse_blockwise = prism_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True,
+                                               window_size=wide, backend="torch")
+    o_ref, lse_ref = attention_ref(q, k, v, causal=causal, return_lse=True)
+    assert_close("o", fused, o_ref, kind="recurrence", dtype=torch.float32)
+    assert_close("lse", lse, lse_ref, kind="recurrence", dtype=torch.float32)
     assert_close("o fused vs blockwise", fused, blockwise.double(), kind="recurrence", dtype=torch.float32)
+    assert_close("lse fused vs blockwise", lse, lse_blockwise.double(), kind="recurrence", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
