@@ -30,11 +30,13 @@ from lamina.testing import assert_close, gradient_scale
 L, H, HV, K, V = 24, 2, 4, 16, 8  # 24 local tokens: one and a half chunks of 16; GVA; K != V
 VARIANTS = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "chunk_gdn2")
 # Packed sequences whose boundaries fall inside ranks and which cross ranks (with 4 ranks one spans three).
-PACKS = {2: [0, 5, 30, 31, 48], 4: [0, 5, 60, 61, 90, 96]}
+PACKS = {1: [0, 5, 20, 21, 24], 2: [0, 5, 30, 31, 48], 4: [0, 5, 60, 61, 90, 96]}
 
 
-# The layout the scenarios' contexts use (set in each worker from the test's parameter).
+# The layout the scenarios' contexts use and the device of the ranks' tensors (set in each worker from the
+# test's parameters; the expected results are computed on the CPU).
 LAYOUT = ["contiguous"]
+DEVICE = ["cpu"]
 
 
 def _context(cu_seqlens=None) -> ContextParallel:
@@ -78,7 +80,7 @@ def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
     positions = _context().shard(torch.arange(world * L), dim=0)
     assert positions.tolist() == [t for g in segments for t in range(g * part, (g + 1) * part)], positions
     cases = [(op, varlen) for op in VARIANTS for varlen in (False, True)]
-    if backend == "triton":  # the interpreter is slow: one packed case (the same code as every variant's)
+    if backend == "triton" and DEVICE[0] == "cpu":  # the interpreter is slow: one packed case (every variant's code)
         cases = [("chunk_gdn2", True)]
     for op, varlen in cases:
         gen = torch.Generator().manual_seed(zlib.crc32(f"{op} {varlen} {world}".encode()))
@@ -96,25 +98,28 @@ def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
         ref_grads = dict(zip(ref_leaves, torch.autograd.grad(loss, list(ref_leaves.values()))))
 
         cp = _context(cu)
-        mine = {n: (cp.shard(x) if n in seq else x).float().clone().requires_grad_() for n, x in full.items()}
+        dev = DEVICE[0]
+        mine = {n: (cp.shard(x) if n in seq else x).float().to(dev).requires_grad_() for n, x in full.items()}
         o_cp, ht_cp, vn_cp = _run(op, mine, extra, cp_context=cp, backend=backend)
-        loss_cp = (o_cp * cp.shard(do).float()).sum() + (vn_cp * cp.shard(dvn).float()).sum()
+        loss_cp = (o_cp * cp.shard(do).float().to(dev)).sum() + (vn_cp * cp.shard(dvn).float().to(dev)).sum()
         if rank == 0:
-            loss_cp = loss_cp + (ht_cp * dht.float()).sum()
+            loss_cp = loss_cp + (ht_cp * dht.float().to(dev)).sum()
         grads = dict(zip(mine, torch.autograd.grad(loss_cp, list(mine.values()))))
+        gathered = cp.gather(o_cp.detach()).cpu()
+        o_cp, ht_cp, vn_cp = o_cp.cpu(), ht_cp.cpu(), vn_cp.cpu()
 
         where = f"{op} {'packed' if varlen else 'dense'} rank {rank}/{world} {backend}"
         assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
         assert_close(f"{where}: v_new", vn_cp, cp.shard(vn.detach()))
         assert_close(f"{where}: final_state", ht_cp, ht.detach())
-        assert_close(f"{where}: gathered o", cp.gather(o_cp.detach()), o.detach())
+        assert_close(f"{where}: gathered o", gathered, o.detach())
         for name, grad in grads.items():
             want = ref_grads[name]
             if name in REPLICATED:
                 dist.all_reduce(grad)
             else:
                 want = cp.shard(want)
-            assert_close(f"{where}: d{name}", grad, want, scale=gradient_scale(want))
+            assert_close(f"{where}: d{name}", grad.cpu(), want, scale=gradient_scale(want))
 
 
 def _check_bad_input(rank: int, world: int, backend: str) -> None:
@@ -301,7 +306,7 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
     module.attention_block = lambda *args, run=module.attention_block: blocks.append(args[3]) or run(*args)
     cases = [(64, True, {}), (192, False, {}), (320, True, {"window_size": (20, 0), "softcap": 5.0}),
              (64, False, {"softcap": 3.0}), (320, True, {"softcap": 2.0})]
-    if backend == "triton":  # the interpreter is slow: the ring's two block kinds and softcapping on the kernels
+    if backend == "triton" and DEVICE[0] == "cpu":  # the interpreter is slow: the ring's block kinds, softcap
         cases = [(64, True, {"softcap": 2.0}), (64, False, {})]
     for (D, causal, options), varlen in ((c, p) for c in cases for p in (False, True)):
         gen = torch.Generator().manual_seed(D * 2 + causal + 7 * varlen)
@@ -317,12 +322,14 @@ def _check_attention(rank: int, world: int, backend: str) -> None:
         ref_grads = torch.autograd.grad((o * do).sum() + (lse * dlse).sum(), ref_in)
 
         cp = _context(cu)
-        mine = [cp.shard(x).float().requires_grad_() for x in (q, k, v)]
+        dev = DEVICE[0]
+        mine = [cp.shard(x).float().to(dev).requires_grad_() for x in (q, k, v)]
         blocks.clear()
         o_cp, lse_cp = lamina.prism_attention(*mine, causal=causal, return_lse=True, backend=backend,
                                               cp_context=cp, **options)
-        grads = torch.autograd.grad((o_cp * cp.shard(do).float()).sum() + (lse_cp * cp.shard(dlse, 2).float()).sum(),
-                                    mine)
+        loss = (o_cp * cp.shard(do).float().to(dev)).sum() + (lse_cp * cp.shard(dlse, 2).float().to(dev)).sum()
+        grads = [grad.cpu() for grad in torch.autograd.grad(loss, mine)]
+        o_cp, lse_cp = o_cp.cpu(), lse_cp.cpu()
         where = f"D={D} causal={causal} {options} {'packed' if varlen else 'dense'} rank {rank}/{world}"
         assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
         assert_close(f"{where}: lse", lse_cp, cp.shard(lse.detach(), dim=2))
@@ -344,11 +351,13 @@ SCENARIOS = {"attention": _check_attention, "ddp": _check_ddp_training, "compile
              "fsdp": _check_fsdp_training}
 
 
-def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str, layout: str) -> None:
+def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str, layout: str, device: str) -> None:
     torch.set_num_threads(1)
-    LAYOUT[0] = layout
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    LAYOUT[0], DEVICE[0] = layout, device
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         SCENARIOS[scenario](rank, world, backend)
     finally:
@@ -356,12 +365,14 @@ def _worker(rank: int, world: int, init_file: str, scenario: str, backend: str, 
         dist.destroy_process_group()
 
 
-def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch", layout: str = "contiguous") -> None:
-    env = {"TRITON_INTERPRET": "1" if backend == "triton" else "0"}  # the children's "auto" backend
+def _spawn(tmp_path, world: int, scenario: str, backend: str = "torch", layout: str = "contiguous",
+           device: str = "cpu") -> None:
+    # the children's "auto" backend on the CPU
+    env = {"TRITON_INTERPRET": "1" if backend == "triton" and device == "cpu" else "0"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), scenario, backend, layout), nprocs=world,
+        mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), scenario, backend, layout, device), nprocs=world,
                  join=True)
     finally:
         for k, v in old.items():
@@ -393,6 +404,24 @@ def test_attention_with_context_parallel_equals_the_reference(tmp_path, world, l
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_ring_attention_on_the_triton_kernels(tmp_path, layout):
     _spawn(tmp_path, 2, "attention", backend="triton", layout=layout)
+
+
+@pytest.mark.parametrize("scenario", ["equal", "attention"])
+def test_one_rank_holding_two_segments_equals_one_process(tmp_path, scenario):
+    """One rank with the zigzag layout (the GPU test's form on the one-GPU device machine), on the CPU."""
+    _spawn(tmp_path, 1, scenario, layout="zigzag")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scenario", ["equal", "attention"])
+def test_context_parallel_over_nccl_on_the_gpus(tmp_path, scenario):
+    """NCCL with one rank per GPU (at most 4; the device machine has one), on lamina's Triton kernels; the
+    zigzag layout, so that even one rank holds two segments: the delta rule folds one segment's state map
+    into the next one's start, ring attention merges a full block and two diagonal ones."""
+    if not dist.is_nccl_available():
+        pytest.skip("this PyTorch build has no NCCL")
+    world = 4 if torch.cuda.device_count() >= 4 else min(torch.cuda.device_count(), 2)
+    _spawn(tmp_path, world, scenario, backend="triton", layout="zigzag", device="cuda")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
