@@ -89,6 +89,7 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     scan_block_v,
 )
 from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR, aligned_attrs
+from lamina.kernels.delta_tuning import active_tuning
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
 __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
@@ -403,7 +404,7 @@ def delta_chunk_bwd(
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
-    tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device))
+    tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning())
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
         q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt,

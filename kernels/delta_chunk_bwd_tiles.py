@@ -13,6 +13,7 @@ import torch
 
 from lamina.kernels._utils import cdiv, next_power_of_2
 from lamina.kernels.delta_chunk_common import has_warpgroup_mma  # noqa: F401 - re-exported
+from lamina.kernels.delta_tuning import DeltaTuning
 
 # Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
 # 128 would not fit in registers next to the rest.
@@ -70,16 +71,22 @@ class BwdTiles(NamedTuple):
     dqk_bv: int
 
 
-def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool) -> BwdTiles:
+def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> BwdTiles:
     """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
     decay kind ``decay`` (0 none, 1 scalar, 2 per channel), on a target with or without warpgroup
-    products (``has_warpgroup_mma``)."""
+    products (``has_warpgroup_mma``). ``tuning``'s value blocks, where set, replace the defaults (capped at
+    V's power of two: a wider block would only hold padding)."""
     bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
-    return BwdTiles(
+    tiles = BwdTiles(
         prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK),
         scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V),
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
     )
+    if tuning is None:
+        return tiles
+    chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")
+              if (value := getattr(tuning, name)) is not None}
+    return tiles._replace(**chosen)
 
 
 def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):

@@ -58,6 +58,7 @@ from lamina.kernels.delta_chunk_common import (
     key_blocks,
     value_block,
 )
+from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 
 # fp32 operands of tl.dot on a GPU default to TF32 (10-bit mantissa): too coarse for the
 # triangular solve (its error compounds over the chunk) and for fp32 inputs. tf32x3 splits
@@ -79,11 +80,12 @@ def prep_key_blocks(K: int, decay: int) -> tuple[int, int]:
     return bk, k_pad // bk
 
 
-# Diagonal block of the triangular solve (see the kernel). 64 (= the chunk): forward substitution
+# Diagonal block of the triangular solve (see the kernel), the default of ``DeltaTuning.solve_block``
+# (``delta_tuning(solve_block=16)`` picks another per call). 64 (= the chunk): forward substitution
 # over all rows in fp32, no matrix products; 16: four 16-row substitutions merged with four
 # 64x64 fp32 products, which at tf32x3 spilled on sm_80 (static report), so the full
 # substitution is the default.
-SOLVE_BLOCK = 64
+SOLVE_BLOCK = DeltaTuning().solve_block
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,7 +462,8 @@ def delta_chunk_fwd(
         BKP, NKP = prep_key_blocks(K, flags["DECAY"])
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
-            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)), SOLVE_BLOCK=min(SOLVE_BLOCK, BT), **flags,
+            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),
+            SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             **{**common, "BK": BKP, "NK": NKP})
     BV = value_block(K, V, fp32=q.dtype == torch.float32, warpgroup_mma=has_warpgroup_mma(q.device))
     o = torch.empty_like(v)

@@ -196,10 +196,25 @@ def test_chunk_indices_numbering():
     assert dense.indices.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("solve_block", [16, 32])
-def test_blocked_triangular_solve(monkeypatch, solve_block):
-    """The alternative solve (diagonal blocks merged with products) gives the same results."""
+def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
+    """The alternative solve (diagonal blocks merged with products, ``delta_tuning(solve_block=...)``) gives
+    the reference's results for every variant, and the preparation kernel is launched with it."""
     import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_tuning import delta_tuning
 
-    monkeypatch.setattr(fwd, "SOLVE_BLOCK", solve_block)
-    check_against_reference("gdn2", 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
+    launched = []
+    kernel = fwd._prep_fwd
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append(kw["SOLVE_BLOCK"])
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    with delta_tuning(solve_block=solve_block):
+        check_against_reference(variant, 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
+    assert launched == [solve_block]

@@ -1,0 +1,78 @@
+"""Speed alternatives of the chunked delta-rule kernels, chosen at run time.
+
+A ``DeltaTuning`` holds the choices that change how the kernels compute, never what (every choice is
+tested against the float64 reference under the interpreter):
+
+* ``solve_block``: the forward's unit-triangular solve. 64 (the chunk): forward substitution over all
+  rows in fp32 on CUDA cores, the default; 16 or 32: substitution inside 16- or 32-row diagonal
+  blocks, merged with tensor-core products (``kernels/delta_chunk_fwd.py``).
+* ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
+  >= 16); None keeps ``bwd_tiles``'s choice for the shape and target.
+
+``delta_tuning(**choices)`` sets them for the calls inside a ``with`` block (process-wide: the
+benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read.
+Defaults come from ``DeltaTuning()``; ``benchmarks/sweep_delta.py`` measures every alternative
+against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+
+# Diagonal blocks the forward's solve accepts (tl.dot needs >= 16; 64 is the whole chunk).
+SOLVE_BLOCKS = (16, 32, 64)
+# Value blocks the backward kernels accept: powers of two from tl.dot's 16 to a chunk-wide 64.
+BWD_VALUE_BLOCKS = (16, 32, 64)
+
+
+@dataclass(frozen=True)
+class DeltaTuning:
+    """One choice of the kernels' speed alternatives (module docstring)."""
+
+    solve_block: int = 64
+    prep_bv: int | None = None
+    scan_bv: int | None = None
+    dqk_bv: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.solve_block not in SOLVE_BLOCKS:
+            raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
+        for name in ("prep_bv", "scan_bv", "dqk_bv"):
+            value = getattr(self, name)
+            if value is not None and value not in BWD_VALUE_BLOCKS:
+                raise ValueError(f"delta_tuning: {name} must be None or one of {BWD_VALUE_BLOCKS}, got {value!r}")
+
+    def label(self) -> str:
+        """``"default"``, or the choices that differ from the defaults, e.g. ``"solve_block=16"``."""
+        base = DeltaTuning()
+        diff = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) !=
+                getattr(base, f.name)]
+        return ",".join(diff) or "default"
+
+
+_ACTIVE = [DeltaTuning()]
+
+
+def active_tuning() -> DeltaTuning:
+    """The tuning the launchers use now."""
+    return _ACTIVE[-1]
+
+
+@contextmanager
+def delta_tuning(**choices) -> Iterator[DeltaTuning]:
+    """Run the calls inside the block with ``choices`` (``DeltaTuning``'s fields) over the current tuning."""
+    unknown = set(choices) - {f.name for f in fields(DeltaTuning)}
+    if unknown:
+        raise ValueError(f"delta_tuning: unknown choices {sorted(unknown)}; known: "
+                         f"{[f.name for f in fields(DeltaTuning)]}")
+    tuning = replace(active_tuning(), **choices)
+    _ACTIVE.append(tuning)
+    try:
+        yield tuning
+    finally:
+        _ACTIVE.pop()
+
+
+__all__ = ["BWD_VALUE_BLOCKS", "SOLVE_BLOCKS", "DeltaTuning", "active_tuning", "delta_tuning"]

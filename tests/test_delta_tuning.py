@@ -1,0 +1,63 @@
+"""The delta-rule kernels' speed alternatives (``lamina.kernels.delta_tuning``): each gives the float64
+reference's gradients under the interpreter for every variant, the launchers use the active choice, and
+bad choices raise by name. (The forward's solve alternatives: tests/test_delta_fwd.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case
+
+from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
+from lamina.kernels.delta_tuning import DeltaTuning, active_tuning, delta_tuning
+
+# Value blocks other than the defaults at V = 64, K = 64 (prep 64, scan 32, dqk 16).
+BACKWARD_CHOICES = [dict(prep_bv=16, scan_bv=64, dqk_bv=32), dict(prep_bv=32, scan_bv=16, dqk_bv=64)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("choices", BACKWARD_CHOICES, ids=lambda c: DeltaTuning(**c).label())
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_backward_value_blocks(monkeypatch, kinds, choices):
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    used = []
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a: used.append(bwd_tiles(*a)) or used[-1])
+    with delta_tuning(**choices):
+        check_case(*build_case(1, 40, 2, 2, 64, 64, kinds, seqlens=[27, 13]))
+    assert len(used) == 1
+    assert (used[0].prep_bv, used[0].scan_bv, used[0].dqk_bv) == (choices["prep_bv"], choices["scan_bv"],
+                                                                  choices["dqk_bv"])
+
+
+def test_tiles_follow_the_tuning():
+    default = bwd_tiles(128, 128, 2, True)
+    assert bwd_tiles(128, 128, 2, True, DeltaTuning()) == default
+    chosen = bwd_tiles(128, 128, 2, True, DeltaTuning(scan_bv=64, dqk_bv=32))
+    assert chosen == default._replace(scan_bv=64, dqk_bv=32)
+    # capped at V's power of two: a block wider than V holds only padding
+    assert bwd_tiles(64, 16, 0, True, DeltaTuning(prep_bv=64)).prep_bv == 16
+
+
+def test_nested_choices_and_restore():
+    assert active_tuning() == DeltaTuning()
+    with delta_tuning(solve_block=16) as outer:
+        with delta_tuning(scan_bv=64) as inner:
+            assert inner == DeltaTuning(solve_block=16, scan_bv=64) == active_tuning()
+            assert inner.label() == "solve_block=16,scan_bv=64"
+        assert active_tuning() is outer
+    assert active_tuning() == DeltaTuning() and DeltaTuning().label() == "default"
+    with pytest.raises(RuntimeError), delta_tuning(dqk_bv=32):
+        raise RuntimeError("inside")
+    assert active_tuning() == DeltaTuning()
+
+
+@pytest.mark.parametrize("choices, message", [
+    (dict(solve_block=8), "solve_block must be one of"),
+    (dict(scan_bv=48), "scan_bv must be None or one of"),
+    (dict(prep_bv=128), "prep_bv must be None or one of"),
+    (dict(block=16), "unknown choices"),
+])
+def test_bad_choices_raise_by_name(choices, message):
+    with pytest.raises(ValueError, match=message), delta_tuning(**choices):
+        pass
+    assert active_tuning() == DeltaTuning()
