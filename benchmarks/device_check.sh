@@ -17,6 +17,9 @@
 # and the sweep call (attention and HRM update: the dispatch table; `python benchmarks/sweep_attention.py
 # --table-from bench.jsonl` rebuilds the table from the records that come back):
 #   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_SANITIZER=1 SKIP_INFO=1 BENCH_TIMEOUT=0 SWEEP_TIMEOUT=360 TOTAL_BUDGET_S=400
+# and the delta-rule sweep call (every speed alternative of the chunked kernels against the defaults and fla;
+# benchmarks/sweep_delta.py --report-from bench.jsonl prints its report again from the records):
+#   SKIP_BUILD=1 SKIP_PYTEST=1 SKIP_SANITIZER=1 SKIP_INFO=1 BENCH_TIMEOUT=0 SWEEP_DELTA_TIMEOUT=360 TOTAL_BUDGET_S=400
 # (the kernel ops, then lamina's layers against fla's, then the decode step and generation;
 # BENCH_LAYERS_TIMEOUT=0 and BENCH_DECODE_TIMEOUT=0, the defaults, leave those out).
 #
@@ -63,6 +66,9 @@ BENCH_DECODE_TIMEOUT="${BENCH_DECODE_TIMEOUT:-0}"
 # The attention / HRM-update sweep (benchmarks/sweep_attention.py, its records into bench.jsonl and its
 # dispatch table and ratios into bench.log): 0 leaves it out; the sweep call sets it (360).
 SWEEP_TIMEOUT="${SWEEP_TIMEOUT:-0}"
+# The delta-rule sweep (benchmarks/sweep_delta.py, its records into bench.jsonl and its report into bench.log):
+# 0 leaves it out; its call sets it (360).
+SWEEP_DELTA_TIMEOUT="${SWEEP_DELTA_TIMEOUT:-0}"
 # compute-sanitizer (step 3b): each tool's run of benchmarks/sanitizer_cases.py is limited to
 # SANITIZER_TIMEOUT and leaves SANITIZER_RESERVE_S of the total budget to the benchmark sample, the
 # kernel report and the summary. SANITIZER=path picks the binary (under DRY_RUN it is used only when
@@ -103,8 +109,10 @@ else
 fi
 if [ "$DRY_RUN" = "1" ]; then
     SWEEP_ARGS="${SWEEP_ARGS:---dry-run}"
+    SWEEP_DELTA_ARGS="${SWEEP_DELTA_ARGS:---dry-run}"
 else
     SWEEP_ARGS="${SWEEP_ARGS:---device cuda}"
+    SWEEP_DELTA_ARGS="${SWEEP_DELTA_ARGS:---device cuda}"
 fi
 if [ "$DRY_RUN" = "1" ]; then
     DECODE_BENCH_ARGS="${DECODE_BENCH_ARGS:---device cpu --threads 1}"
@@ -279,7 +287,8 @@ fi
 
 # ---- 4. benchmark suite with the ceilings --------------------------------------------------
 if [ "${SKIP_INFO:-0}" = "1" ]; then RESERVE_AFTER_BENCH=10; fi  # only the summary remains
-bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT - SWEEP_TIMEOUT ))
+bench_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - BENCH_LAYERS_TIMEOUT - 2 * BENCH_DECODE_TIMEOUT - SWEEP_TIMEOUT \
+    - SWEEP_DELTA_TIMEOUT ))
 if [ "$bench_limit" -gt "$BENCH_TIMEOUT" ]; then bench_limit=$BENCH_TIMEOUT; fi
 bench_budget=$(( bench_limit - BENCH_SLACK_S ))
 if [ "$bench_budget" -lt 5 ]; then bench_budget=5; fi
@@ -322,7 +331,7 @@ fi
 if [ "$SWEEP_TIMEOUT" -le 0 ]; then
     skip_step sweep "SWEEP_TIMEOUT=0: the sweep call runs it"
 else
-    sweep_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+    sweep_limit=$(( $(remaining) - RESERVE_AFTER_BENCH - SWEEP_DELTA_TIMEOUT ))
     if [ "$sweep_limit" -gt "$SWEEP_TIMEOUT" ]; then sweep_limit=$SWEEP_TIMEOUT; fi
     sweep_budget=$(( sweep_limit - BENCH_SLACK_S ))
     if [ "$sweep_budget" -lt 5 ]; then sweep_budget=5; fi
@@ -330,6 +339,19 @@ else
     run_step sweep "$sweep_limit" "$OUT/bench.log" env PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/sweep_attention.py \
         $SWEEP_ARGS --out "$OUT/bench.jsonl" --table "${TMPDIR:-/tmp}/attention_dispatch.json" \
         --time-budget "$sweep_budget"
+fi
+
+# ---- 4e. delta-rule sweep: every speed alternative of the chunked kernels, the defaults and fla ----------
+if [ "$SWEEP_DELTA_TIMEOUT" -le 0 ]; then
+    skip_step sweep_delta "SWEEP_DELTA_TIMEOUT=0: the delta sweep call runs it"
+else
+    sweep_delta_limit=$(( $(remaining) - RESERVE_AFTER_BENCH ))
+    if [ "$sweep_delta_limit" -gt "$SWEEP_DELTA_TIMEOUT" ]; then sweep_delta_limit=$SWEEP_DELTA_TIMEOUT; fi
+    sweep_delta_budget=$(( sweep_delta_limit - BENCH_SLACK_S ))
+    if [ "$sweep_delta_budget" -lt 5 ]; then sweep_delta_budget=5; fi
+    # shellcheck disable=SC2086  # SWEEP_DELTA_ARGS is a word list on purpose
+    run_step sweep_delta "$sweep_delta_limit" "$OUT/bench.log" env PYTHONUNBUFFERED=1 "$PYTHON" \
+        benchmarks/sweep_delta.py $SWEEP_DELTA_ARGS --out "$OUT/bench.jsonl" --time-budget "$sweep_delta_budget"
 fi
 
 # ---- 5. static kernel report on this machine -----------------------------------------------

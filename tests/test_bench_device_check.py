@@ -60,13 +60,14 @@ def _steps(summary: str) -> list[str]:
     return summary.split("=== steps", 1)[1].splitlines()
 
 
-def _cheap_run(tmp_path, **extra):
+def _cheap_run(tmp_path, timeout=120, **extra):
     """A dry run with every step but the sanitizer's left out or cut to nothing (the benchmark: a 1 s limit)."""
     out = tmp_path / "device_out"
     env = {**os.environ, "OUT": str(out), "DRY_RUN": "1", "PYTHON": sys.executable, "SKIP_PYTEST": "1",
            "SKIP_INFO": "1", "BENCH_TIMEOUT": "1", "LAMINA_BENCH_PLAIN": "1", **extra}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, (out / "summary.txt").read_text()
 
@@ -136,6 +137,28 @@ def test_dry_run_writes_every_file_and_ends_with_the_summary(tmp_path):
     assert table["schema"] == 1 and len(table["entries"]) == 8, table  # 2 head dims x causal/not x fwd, fwd+bwd
     assert "attention dispatch (prism_attention backend='auto' on CUDA): sweep on" in (out / "bench.log").read_text()
     assert "skipped" in (out / "pytest_gpu.log").read_text()
+
+
+def test_delta_sweep_step_times_every_alternative_in_its_dry_run(tmp_path):
+    """The delta-rule sweep's step (benchmarks/sweep_delta.py --dry-run: lamina's kernels under the interpreter,
+    fla's naive chunk forms in fla's place): the defaults and fla in both modes, every alternative in the modes
+    it changes, its records in bench.jsonl and its report in bench.log."""
+    spec = importlib.util.spec_from_file_location("sweep_delta", ROOT / "benchmarks" / "sweep_delta.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out, summary = _cheap_run(tmp_path, timeout=300, SKIP_SANITIZER="1", BENCH_TIMEOUT="0",
+                              SWEEP_DELTA_TIMEOUT="240")
+    assert any(line.startswith("sweep_delta") and " ok " in line for line in _steps(summary)), summary
+    records = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
+    ran = {(r["op"], r["mode"], r["provider"]) for r in records if r["kind"] == "result" and r["status"] == "ok"}
+    expected = {(op, mode, provider) for op in sweep.OPS for mode in sweep.MODES
+                for provider in ("lamina-triton", "fla-naive-chunk")}
+    for choices, modes in sweep.ALTERNATIVES:
+        label = sweep.DeltaTuning(**choices).label()
+        expected |= {(op, mode, f"lamina-triton[{label}]") for op in sweep.OPS for mode in modes}
+    assert expected <= ran, sorted(expected - ran)
+    log = (out / "bench.log").read_text()
+    assert "lamina / fla (time ratio" in log and "defaults it would choose: DeltaTuning(" in log, log
 
 
 def test_sanitizer_step_runs_each_tool_and_stops_at_an_unsupported_device(tmp_path):

@@ -213,6 +213,8 @@ def test_fla_naive_providers_say_why_they_skip():
     assert "value heads" in get_provider("fla-naive-recurrent").skip_reason("gdn2", "cpu", gva)
     odd = specs.delta_shape(1, 100, 2, 16, "fp32")
     assert "divisible by 32" in get_provider("fla-naive-chunk").skip_reason("delta_rule", "cpu", odd)
+    assert "divisible by 64" in get_provider("fla-naive-chunk").skip_reason("kda", "cpu", odd)
+    assert get_provider("fla-naive-chunk").skip_reason("gdn2", "cpu", odd) is None  # it pads
     assert "TOKEN_LOOP_MAX_WORK" in get_provider("fla-naive-recurrent").skip_reason(
         "kda", "cuda", specs.delta_shape(4, 2048, 16, 128, "bf16"))
     assert "delta-rule family" in get_provider("fla-naive-chunk").skip_reason("prism_attention", "cpu")

@@ -78,8 +78,9 @@ FLA_NAIVE_FUNCS: dict[str, dict[str, tuple[str, str]]] = {
                   "kda": ("fla.ops.kda.naive", "naive_recurrent_kda"),
                   "gdn2": ("fla.ops.gdn2.naive", "naive_recurrent_gdn2")},
 }
-# fla's naive chunked DeltaNet takes T divisible by its chunk size (its default, 32).
-FLA_NAIVE_DELTA_CHUNK = 32
+# fla's naive chunked DeltaNet and KDA take T divisible by their chunk sizes (their defaults, 32 and 64); its
+# other naive chunk forms pad.
+FLA_NAIVE_CHUNKS = {"delta_rule": 32, "kda": 64}
 REFERENCE_FUNCS: dict[str, str] = {
     **{op: "delta_rule_family_recurrent_ref" for op in DELTA_OPS},
     "gdn_decode": "delta_rule_family_recurrent_ref",
@@ -337,8 +338,8 @@ def _fla_naive_limit(form: str) -> Callable[[str, dict[str, Any], str], str | No
             return "fla's naive forms take no cu_seqlens (packed sequences)"
         if p["HV"] != p["H"]:
             return f"fla's naive forms take as many value heads as query heads, got H={p['H']}, HV={p['HV']}"
-        if form == "chunk" and op == "delta_rule" and p["T"] % FLA_NAIVE_DELTA_CHUNK:
-            return f"fla's naive chunked DeltaNet needs T divisible by {FLA_NAIVE_DELTA_CHUNK}, got T={p['T']}"
+        if form == "chunk" and op in FLA_NAIVE_CHUNKS and p["T"] % FLA_NAIVE_CHUNKS[op]:
+            return f"fla's naive chunked {op} needs T divisible by {FLA_NAIVE_CHUNKS[op]}, got T={p['T']}"
         return _token_loop_limit(op, p, device) if form == "recurrent" else None
 
     return limit

@@ -325,6 +325,11 @@ SWEEP_HRM_ROWS = 4096
 SWEEP_HRM_DIMS = (1024, 2048, 4096)
 
 
+# The delta-rule sweep (benchmarks/sweep_delta.py): fla's range of shapes (B = 1..8, T = 2048..8192,
+# H = 16..96), K = V = 128, and K = V = 256.
+SWEEP_DELTA_SHAPES = ((2, 4096, 16, 128), (1, 8192, 64, 128), (4, 2048, 16, 256))
+
+
 def sweep_attention_heads(D: int) -> int:
     """Heads at head dim ``D`` in the sweep: ``H * D`` stays ``SWEEP_ATTN_WIDTH`` (rounded)."""
     return max(1, round(SWEEP_ATTN_WIDTH / D))
@@ -342,6 +347,8 @@ def _delta_sets() -> dict[str, list[dict[str, Any]]]:
                   delta_shape(0, 0, 4, 64, "fp32", seqlens=(300, 1000, 724))],
         "quick": [delta_shape(1, 4096, 4, 64, "fp32")],
         "tiny": [delta_shape(1, 64, 2, 16, "fp32"), delta_shape(0, 0, 2, 16, "fp32", seqlens=(24, 40))],
+        "sweep": [delta_shape(B, T, H, D, "bf16") for B, T, H, D in SWEEP_DELTA_SHAPES],
+        "sweep-dry": [delta_shape(1, 64, 1, 32, "fp32")],
     }
 
 
@@ -419,9 +426,10 @@ for _op in LAYER_OPS:
                       layer_flops, layer_bytes, modes=LAYER_MODES, shapes=_layer_sets(_op))
 
 SHAPE_SETS = ("standard", "small", "quick", "tiny")
-# Only the ops of benchmarks/sweep_attention.py have these: its GPU shapes and their CPU dry run.
+# Only the ops of benchmarks/sweep_attention.py and benchmarks/sweep_delta.py have these: their GPU shapes
+# and their CPU dry run.
 SWEEP_SHAPE_SETS = ("sweep", "sweep-dry")
-SWEEP_OPS = ("prism_attention", "hrm_update")
+SWEEP_OPS = ("prism_attention", "hrm_update", *DELTA_OPS)
 # Default run order: cheap ops first, so that under a time budget (each op gets the remaining time over
 # the remaining ops) what they leave unused flows to the expensive ones. The kernel ops only: the layer
 # ops (`--op layers`) compile two whole layers per op and answer another question (lamina's layer

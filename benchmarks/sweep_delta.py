@@ -1,0 +1,197 @@
+"""The delta-rule sweep: one prepared GPU run that times every speed alternative of lamina's chunked
+delta-rule kernels against their defaults and against fla's chunk kernels.
+
+On a GPU (``--device cuda``, at most about 6 minutes on an H200 with the default ``--time-budget``): the
+four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "sweep" shapes of
+``lamina.bench.specs`` (2x4096x16x128, 1x8192x64x128, 4x2048x16x256, bf16), forward and forward+backward:
+
+1. lamina's defaults and fla (``fla.ops``; its chunk backward may refuse Hopper under Triton 3.6, its
+   guard for fla issue #640: the record then says so and forward+backward is compared where fla runs);
+2. then each alternative of ``lamina.kernels.delta_tuning`` (``ALTERNATIVES``), in the modes it changes,
+   while time is left: every record names it as provider ``lamina-triton[choice]``.
+
+It appends every record to ``--out`` (JSON lines, the suite's format: ``lamina bench summary`` reads it)
+and prints lamina / fla per variant and mode, each alternative's time against the default per case, and
+the defaults table it would choose (an alternative whose geometric-mean time over the cases it ran is
+at least ``MIN_GAIN`` below the default's). The defaults in ``DeltaTuning`` change only from a committed
+GPU run's results. ``--report-from FILE.jsonl``: only print the report from saved records.
+
+``--dry-run``: the same code on the CPU at a tiny shape, lamina's Triton kernels under the Triton
+interpreter, fla's naive PyTorch chunk forms in fla's place (seconds); CI runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "--dry-run" in sys.argv:  # before Triton is imported: lamina's kernels on CPU tensors
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from lamina.bench import providers as bench_providers  # noqa: E402
+from lamina.bench.results import ResultWriter, read_results  # noqa: E402
+from lamina.bench.suite import SuiteConfig, run_suite  # noqa: E402
+from lamina.bench.timing import TimingConfig  # noqa: E402
+from lamina.kernels.delta_tuning import DeltaTuning, delta_tuning  # noqa: E402
+
+OPS = ("gated_delta_rule", "kda", "gdn2", "delta_rule")
+MODES = ("fwd", "fwd+bwd")
+# Each alternative and the modes it can change: the solve runs in the forward, the value blocks in the
+# backward.
+ALTERNATIVES: tuple[tuple[dict[str, int], tuple[str, ...]], ...] = (
+    (dict(solve_block=16), ("fwd",)),
+    (dict(solve_block=32), ("fwd",)),
+    (dict(scan_bv=32), ("fwd+bwd",)),
+    (dict(dqk_bv=32), ("fwd+bwd",)),
+    (dict(prep_bv=32), ("fwd+bwd",)),
+)
+# An alternative becomes a default only this much faster (geometric mean of its time ratios).
+MIN_GAIN = 0.03
+# The defaults and fla take this share of the budget at most; the alternatives share the rest.
+BASELINE_SHARE = 0.4
+GPU_TIME_BUDGET_S = 300.0
+GPU_TIMING = TimingConfig(warmup_ms=10.0, rep_ms=40.0)
+DRY_TIMING = TimingConfig(warmup_ms=1.0, rep_ms=5.0, cpu_min_run_s=0.01, slow_call_s=0.1)
+LAMINA = "lamina-triton"
+
+
+class _Renamed:
+    """A writer that records the current alternative as part of the provider's name."""
+
+    def __init__(self, writer: ResultWriter) -> None:
+        self.writer, self.suffix = writer, ""
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.suffix and record.get("provider") == LAMINA:
+            record = {**record, "provider": f"{LAMINA}[{self.suffix}]"}
+        self.writer.write(record)
+
+
+def _interpreter_provider() -> None:
+    """Dry run: lamina's Triton kernels on CPU tensors (under the interpreter) as the ``lamina-triton``
+    provider."""
+    current = bench_providers.PROVIDERS[LAMINA]
+    bench_providers.PROVIDERS[LAMINA] = replace(current, devices=("cuda", "cpu"), available=None)
+
+
+def config(device: str, dry_run: bool, providers: list[str], modes: list[str], budget: float | None) -> SuiteConfig:
+    return SuiteConfig(device=device, ops=list(OPS), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
+                       op_modes={op: list(modes) for op in OPS}, timing=DRY_TIMING if dry_run else GPU_TIMING,
+                       time_budget_s=budget, measure_ceilings=False)
+
+
+def run(device: str, dry_run: bool, out: str, budget_s: float) -> list[dict[str, Any]]:
+    writer = ResultWriter(out)
+    renamed = _Renamed(writer)
+    records: list[dict[str, Any]] = []
+    start = time.monotonic()
+    fla = "fla-naive-chunk" if dry_run else "fla"
+
+    def progress(task, rec):
+        name = f"{task.provider}[{renamed.suffix}]" if renamed.suffix and task.provider == LAMINA else task.provider
+        print(f"{task.op:<17} {task.mode:<8} {task.label:<22} {name:<34} {rec['status']:<8} "
+              f"{rec.get('ms') or rec.get('reason') or ''}", flush=True)
+
+    def suite(providers: list[str], modes: list[str], budget: float) -> None:
+        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0)), renamed, progress)
+        for r in got:
+            if renamed.suffix and r.get("provider") == LAMINA:
+                r["provider"] = f"{LAMINA}[{renamed.suffix}]"
+        records.extend(got)
+
+    try:
+        suite([LAMINA, fla], list(MODES), budget_s * BASELINE_SHARE)
+        for n, (choices, modes) in enumerate(ALTERNATIVES):
+            left = budget_s - (time.monotonic() - start)
+            if left <= 1.0:
+                print(f"time budget spent: {DeltaTuning(**choices).label()} and later alternatives not run")
+                break
+            renamed.suffix = DeltaTuning(**choices).label()
+            with delta_tuning(**choices):
+                suite([LAMINA], list(modes), left / (len(ALTERNATIVES) - n))
+    finally:
+        renamed.suffix = ""
+        writer.close()
+    return records
+
+
+def _times(records: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
+    """{(op, mode, shape): {provider: ms}} of the successful timings."""
+    times: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        if r.get("kind") == "result" and r.get("status") == "ok" and r.get("op") in OPS:
+            times[(r["op"], r["mode"], r["shape"])][r["provider"]] = float(r["ms"])
+    return times
+
+
+def report(records: list[dict[str, Any]]) -> str:
+    """lamina / fla per case; each alternative against the default; the defaults it would choose."""
+    times = _times(records)
+    env = next((r.get("env", {}) for r in records if r.get("kind") == "result"), {})
+    lines = [f"delta-rule sweep on {env.get('device_name') or env.get('device') or '?'}, commit "
+             f"{(env.get('commit') or '?')[:10]}, torch {env.get('torch')}, triton {env.get('triton')}"
+             + (" (CPU: interpreter timings, a dry run, not a result)" if env.get("device") == "cpu" else ""),
+             "lamina / fla (time ratio, < 1: lamina faster):"]
+    for (op, mode, shape), t in sorted(times.items()):
+        fla = t.get("fla", t.get("fla-naive-chunk"))
+        ours = t.get(LAMINA)
+        ratio = f"{ours / fla:.2f}" if ours and fla else "n/a"
+        lines.append(f"  {op:<17} {mode:<8} {shape:<22} lamina {ours or float('nan'):8.3f} ms  "
+                     f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}")
+    lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
+    chosen: dict[str, tuple[int, float]] = {}
+    for choices, _ in ALTERNATIVES:
+        label = DeltaTuning(**choices).label()
+        name = f"{LAMINA}[{label}]"
+        logs = [math.log(t[name] / t[LAMINA]) for t in times.values() if name in t and LAMINA in t]
+        for (op, mode, shape), t in sorted(times.items()):
+            if name in t and LAMINA in t:
+                lines.append(f"  {label:<16} {op:<17} {mode:<8} {shape:<22} {t[name] / t[LAMINA]:.3f}")
+        if not logs:
+            lines.append(f"  {label:<16} not timed")
+            continue
+        mean = math.exp(sum(logs) / len(logs))
+        lines.append(f"  {label:<16} geometric mean over {len(logs)} cases: {mean:.3f}")
+        if mean <= 1 - MIN_GAIN:
+            key, value = next(iter(choices.items()))
+            if key not in chosen or mean < chosen[key][1]:
+                chosen[key] = (value, mean)
+    picked = {key: value for key, (value, _) in chosen.items()}
+    lines.append(f"defaults it would choose: DeltaTuning({', '.join(f'{k}={v}' for k, v in picked.items())})"
+                 + ("  (no alternative gains " + f"{MIN_GAIN:.0%}; the defaults stay)" if not picked else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dry-run", action="store_true", help="a tiny CPU shape, kernels under the interpreter")
+    parser.add_argument("--out", default="sweep_delta.jsonl", help="records (JSON lines, appended)")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds (default 300 on a GPU)")
+    parser.add_argument("--report-from", metavar="FILE.jsonl", help="only print the report of saved records")
+    args = parser.parse_args(argv)
+    if args.report_from:
+        print(report(read_results([args.report_from])))
+        return 0
+    if args.dry_run:
+        args.device = "cpu"
+        _interpreter_provider()
+    elif args.device != "cuda":
+        parser.error("the sweep times lamina's Triton kernels: --device cuda, or --dry-run on the CPU")
+    budget = args.time_budget if args.time_budget is not None else (120.0 if args.dry_run else GPU_TIME_BUDGET_S)
+    records = run(args.device, args.dry_run, args.out, budget)
+    print(report(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
