@@ -7,7 +7,7 @@ four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "
 
 1. lamina's defaults and fla (``fla.ops``; its chunk backward may refuse Hopper under Triton 3.6, its
    guard for fla issue #640: the record then says so and forward+backward is compared where fla runs);
-2. then each alternative of ``lamina.kernels.delta_tuning`` (``ALTERNATIVES``), in the modes it changes,
+2. then each alternative of ``lamina.kernels.delta_tuning.ALTERNATIVES``, in the modes it changes,
    while time is left: every record names it as provider ``lamina-triton[choice]``.
 
 It appends every record to ``--out`` (JSON lines, the suite's format: ``lamina bench summary`` reads it)
@@ -41,19 +41,15 @@ from lamina.bench import providers as bench_providers  # noqa: E402
 from lamina.bench.results import ResultWriter, read_results  # noqa: E402
 from lamina.bench.suite import SuiteConfig, run_suite  # noqa: E402
 from lamina.bench.timing import TimingConfig  # noqa: E402
+from lamina.kernels.delta_tuning import ALTERNATIVES as TUNING_ALTERNATIVES  # noqa: E402
 from lamina.kernels.delta_tuning import DeltaTuning, delta_tuning  # noqa: E402
 
 OPS = ("gated_delta_rule", "kda", "gdn2", "delta_rule")
 MODES = ("fwd", "fwd+bwd")
-# Each alternative and the modes it can change: the solve runs in the forward, the value blocks in the
-# backward.
-ALTERNATIVES: tuple[tuple[dict[str, int], tuple[str, ...]], ...] = (
-    (dict(solve_block=16), ("fwd",)),
-    (dict(solve_block=32), ("fwd",)),
-    (dict(scan_bv=32), ("fwd+bwd",)),
-    (dict(dqk_bv=32), ("fwd+bwd",)),
-    (dict(prep_bv=32), ("fwd+bwd",)),
-)
+# Each alternative (lamina.kernels.delta_tuning, the static report's too) and the modes it can change: the
+# solve runs in the forward, the value blocks in the backward.
+ALTERNATIVES: tuple[tuple[dict[str, int], tuple[str, ...]], ...] = tuple(
+    (t.choices(), ("fwd",) if t.changes_forward else ("fwd+bwd",)) for t in TUNING_ALTERNATIVES)
 # An alternative becomes a default only this much faster (geometric mean of its time ratios).
 MIN_GAIN = 0.03
 # The defaults and fla take this share of the budget at most; the alternatives share the rest.

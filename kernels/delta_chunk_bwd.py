@@ -89,7 +89,7 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     scan_block_v,
 )
 from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR, aligned_attrs
-from lamina.kernels.delta_tuning import active_tuning
+from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, active_tuning
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
 __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
@@ -466,36 +466,57 @@ def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
     return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
 
 
+def _kernel_blocks(fn, tiles: BwdTiles) -> dict:
+    """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``."""
+    return {
+        _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
+        _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, USE_INITIAL_STATE=True,
+                                         USE_FINAL_STATE_GRADIENT=True),
+        _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),
+    }[fn]
+
+
 def _register_default_configs() -> None:
+    """Every kernel's default blocks on each target; then, as non-default rows for ``ALTERNATIVE_ARCHS``, the
+    blocks of each backward alternative of ``delta_tuning`` that changes the kernel."""
     K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
     for variant, decay, erase, write in _VARIANTS:
         for fn in (_delta_chunk_bwd_prep_kernel, _delta_chunk_bwd_dh_kernel, _delta_chunk_bwd_dqk_kernel):
-            jit = raw_jit(fn)
-            signature = _aot_signature(fn, decay, erase, write)
             # the blocks each target runs with; a kernel whose blocks differ gets one entry per target
             per_arch: dict[tuple, list[int]] = {}
             for arch, warpgroup_mma in _AOT_TARGETS.items():
-                tiles = bwd_tiles(K, V, decay, warpgroup_mma)
-                blocks = {
-                    _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
-                    _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, USE_INITIAL_STATE=True,
-                                                     USE_FINAL_STATE_GRADIENT=True),
-                    _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),
-                }[fn]
-                per_arch.setdefault(tuple(blocks.items()), []).append(arch)
-            for blocks, archs in per_arch.items():
-                constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
-                                  DOT_PRECISION="tf32", **dict(blocks))
-                label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
-                # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
-                meta = {"attrs": aligned_attrs(jit, signature)}
-                if len(per_arch) > 1:
-                    meta["archs"] = archs
-                register_aot(AotSpec(
-                    name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']} {label}", fn=jit,
-                    signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                    uses_dot=True, meta=meta,
-                ))
+                per_arch.setdefault(tuple(_kernel_blocks(fn, bwd_tiles(K, V, decay, warpgroup_mma)).items()),
+                                    []).append(arch)
+            _register_blocks(fn, variant, decay, erase, write, per_arch, "", True)
+            for tuning in (t for t in ALTERNATIVES if not t.changes_forward):
+                alternative: dict[tuple, list[int]] = {}
+                for arch in ALTERNATIVE_ARCHS:
+                    blocks = tuple(_kernel_blocks(fn, bwd_tiles(K, V, decay, _AOT_TARGETS[arch], tuning)).items())
+                    if arch not in per_arch.get(blocks, []):  # the alternative changes this kernel there
+                        alternative.setdefault(blocks, []).append(arch)
+                _register_blocks(fn, variant, decay, erase, write, alternative, f" {tuning.label()}", False,
+                                 always_archs=True)
+
+
+def _register_blocks(fn, variant: str, decay: int, erase: int, write: int, per_arch: dict[tuple, list[int]],
+                     suffix: str, default: bool, always_archs: bool = False) -> None:
+    """One report row per distinct set of blocks in ``per_arch`` (blocks -> the targets that run them)."""
+    K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
+    jit = raw_jit(fn)
+    signature = _aot_signature(fn, decay, erase, write)
+    for blocks, archs in per_arch.items():
+        constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
+                          DOT_PRECISION="tf32", **dict(blocks))
+        label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
+        # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
+        meta = {"attrs": aligned_attrs(jit, signature)}
+        if len(per_arch) > 1 or always_archs:
+            meta["archs"] = archs
+        register_aot(AotSpec(
+            name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']} {label}{suffix}",
+            fn=jit, signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            uses_dot=True, default=default, meta=meta,
+        ))
 
 
 _register_default_configs()

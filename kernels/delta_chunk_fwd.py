@@ -48,6 +48,7 @@ from lamina.kernels.delta_chunk_common import (
     _masked_exp,
     _row_ptrs,
     _seq_bounds,
+    _state_ptrs,
     _store_state,
     _vec_ptrs,
     aligned_attrs,
@@ -58,7 +59,7 @@ from lamina.kernels.delta_chunk_common import (
     key_blocks,
     value_block,
 )
-from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
+from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, active_tuning
 
 # fp32 operands of tl.dot on a GPU default to TF32 (10-bit mantissa): too coarse for the
 # triangular solve (its error compounds over the chunk) and for fp32 inputs. tf32x3 splits
@@ -250,22 +251,31 @@ def _delta_chunk_prep_fwd_kernel(
 # 2. sequential state pass fused with the output
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
-               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-               DECAY: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc_v += Y_kb S_kb and acc_o += scale * (Q_kb * exp(G_kb)) S_kb for one K block."""
-    DT = wy.dtype.element_ty
-    o_k = kb * BK + tl.arange(0, BK)
-    m = m_t[:, None] & (o_k < K)[None, :]
-    b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
+def _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+    """scale * Q * exp(G) for the key columns ``o_k`` of a chunk (fp32): what reads the chunk-start state."""
     b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
     if DECAY == DECAY_SCALAR:
         b_q = b_q * tl.exp(b_gs)[:, None]
     if DECAY == DECAY_CHANNEL:
         b_q = b_q * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
+    return b_q
+
+
+@triton.jit
+def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+               DECAY: tl.constexpr, DOT_PREC: tl.constexpr, READ_O: tl.constexpr):
+    """acc_v += Y_kb S_kb and (``READ_O``) acc_o += scale * (Q_kb * exp(G_kb)) S_kb for one K block."""
+    DT = wy.dtype.element_ty
+    o_k = kb * BK + tl.arange(0, BK)
+    m = m_t[:, None] & (o_k < K)[None, :]
+    b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
     b_sd = b_s.to(DT)
     acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PREC)
-    acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PREC)
+    if READ_O:
+        b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale, H, HV, K, DECAY)
+        acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PREC)
     return acc_v, acc_o
 
 
@@ -302,7 +312,7 @@ def _delta_chunk_scan_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
-    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr,
+    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr, STORE_O: tl.constexpr = True,
 ):
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -346,22 +356,23 @@ def _delta_chunk_scan_fwd_kernel(
         acc_v = tl.zeros([BT, BV], dtype=tl.float32)
         acc_o = tl.zeros([BT, BV], dtype=tl.float32)
         acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
-                                  H, HV, K, BK, DECAY, DOT_PREC)
+                                  H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
         if NK > 1:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC)
+                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
         if NK > 2:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC)
+                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
         if NK > 3:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC)
+                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
         b_vnew = (b_u - acc_v).to(DT)
-        b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
-        b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
-        tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
+        if STORE_O:  # else the output kernel computes o from the saved states and writes
+            b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
+            b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
+            tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
         if STORE_V_NEW:  # the writes, for cross-layer error routing (from registers: no extra pass)
             tl.store(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), b_vnew.to(vnew.dtype.element_ty), mask=m_tv)
         b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
@@ -386,6 +397,46 @@ def _delta_chunk_scan_fwd_kernel(
             _store_state(ht, i_n, b_s3, i_hv, 3, o_v, HV, K, V, BK)
 
 
+@triton.jit
+def _delta_chunk_out_fwd_kernel(
+    q, gcum, h, vnew, aqk, o,
+    cu_seqlens, chunk_idx,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """The output as a separate pass, one program per (chunk, value head, V block), all in parallel:
+    ``O = scale * (Q * exp(G)) S_c + Aqk V_new`` from the chunk-start states ``h`` and the writes ``vnew``
+    the state pass saved (``delta_tuning(output_kernel=True)``; the state pass then skips its output)."""
+    DT = vnew.dtype.element_ty
+    i_c, i_hv = tl.program_id(0).to(tl.int64) // HV, tl.program_id(0).to(tl.int64) % HV
+    i_h = i_hv // (HV // H)
+    i_n = tl.load(chunk_idx + i_c * 2).to(tl.int64)
+    i_t = tl.load(chunk_idx + i_c * 2 + 1).to(tl.int64)
+    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    tok0 = bos + i_t * BT
+    o_t = tl.arange(0, BT)
+    m_t = (i_t * BT + o_t) < (eos - bos)
+    o_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    m_tv = m_t[:, None] & (o_v < V)[None, :]
+    b_gs = tl.zeros([BT], dtype=tl.float32)
+    if DECAY == DECAY_SCALAR:
+        b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for kb in tl.static_range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        b_q = _decayed_q(q, gcum, tok0, o_t, m_t[:, None] & (o_k < K)[None, :], b_gs, i_h, i_hv, o_k, scale,
+                         H, HV, K, DECAY)
+        p_s, m_s = _state_ptrs(h, i_c, i_hv, kb, o_v, HV, K, V, BK)
+        b_s = tl.load(p_s, mask=m_s, other=0.0)
+        acc += tl.dot(b_q.to(DT), b_s.to(DT), input_precision=DOT_PREC)
+    b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
+    b_vnew = tl.load(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0)
+    acc += tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
+    tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), acc.to(o.dtype.element_ty), mask=m_tv)
+
+
 # ----------------------------------------------------------------------------------------------
 # launchers
 # ----------------------------------------------------------------------------------------------
@@ -399,8 +450,13 @@ _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN"])(
     _delta_chunk_prep_fwd_kernel)
 _scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
-                     key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES"])(
+                     key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O"])(
     _delta_chunk_scan_fwd_kernel)
+_out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN"])(
+    _delta_chunk_out_fwd_kernel)
+# V block of the separate output kernel (``delta_tuning(output_kernel=True)``): [BT, 64] accumulators, as in
+# fla's output kernel.
+OUT_BLOCK_V = 64
 
 
 def _flags(g: torch.Tensor | None, b: torch.Tensor, w: torch.Tensor) -> dict[str, int]:
@@ -466,16 +522,25 @@ def delta_chunk_fwd(
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             **{**common, "BK": BKP, "NK": NKP})
     BV = value_block(K, V, fp32=q.dtype == torch.float32, warpgroup_mma=has_warpgroup_mma(q.device))
+    # The output in the state pass (default), or in a parallel pass over every chunk from the states and
+    # writes the state pass saves (delta_tuning(output_kernel=True)).
+    separate = active_tuning().output_kernel
     o = torch.empty_like(v)
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
-    h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states else None
-    v_new = torch.empty_like(v) if output_v_new else None
+    h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states or separate else None
+    v_new = torch.empty_like(v) if output_v_new or separate else None
     if N * HV > 0:
         _scan_fwd[(N * HV * cdiv(V, BV),)](
             q, k, gcum, wy, u, aqk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
             BV=BV, DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
-            STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states, STORE_V_NEW=output_v_new, **common)
-    return o, ht, h, v_new
+            STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states or separate,
+            STORE_V_NEW=output_v_new or separate, STORE_O=not separate, **common)
+    if separate and index.total > 0:
+        bv_out = min(OUT_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
+        _out_fwd[(index.total * HV, cdiv(V, bv_out))](
+            q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, BV=bv_out, DECAY=flags["DECAY"],
+            **common)
+    return o, ht, (h if save_states else None), (v_new if output_v_new else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -485,6 +550,8 @@ def delta_chunk_fwd(
 # goal) is left out: its per-channel preparation kernel takes about two minutes to compile for one
 # arch, and on sm_80 it and the K = 512 state pass kept one spill store (seen with these tiles).
 _AOT_DIMS = ((128, 128), (256, 256))
+# The key dim the speed alternatives are compiled at (the common head size).
+_AOT_ALTERNATIVE_K = 128
 _AOT_BT = CHUNK_SIZE
 # The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
 _AOT_TARGETS = {90: True, 80: False}
@@ -510,6 +577,13 @@ def _register_aot_specs() -> None:
             register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
                                  num_warps=8, num_stages=1,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)}))
+            # the solve's alternatives (delta_tuning), non-default rows on the sweep's target, at K = 128
+            for tuning in (t for t in ALTERNATIVES if t.solve_block != SOLVE_BLOCK and K == _AOT_ALTERNATIVE_K):
+                register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
+                                     prep_sig, {**prep_c, "SOLVE_BLOCK": tuning.solve_block}, num_warps=8,
+                                     num_stages=1, default=False,
+                                     meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig),
+                                           "archs": list(ALTERNATIVE_ARCHS)}))
             # the V tile each target runs with; one entry per distinct tile
             per_arch: dict[int, list[int]] = {}
             for arch, warpgroup_mma in _AOT_TARGETS.items():
@@ -529,6 +603,31 @@ def _register_aot_specs() -> None:
                     meta["archs"] = archs
                 register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
                                      scan_sig, scan_c, num_warps=8, num_stages=1, meta=meta))
+            if K != _AOT_ALTERNATIVE_K or not any(t.output_kernel for t in ALTERNATIVES):
+                continue
+            # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
+            # then the output kernel; non-default rows on the sweep's target
+            alt = {"default": False, "meta": {"archs": list(ALTERNATIVE_ARCHS)}}
+            BV = value_block(K, V, warpgroup_mma=_AOT_TARGETS[ALTERNATIVE_ARCHS[0]])
+            scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
+                      "STORE_FINAL_STATE": True, "SAVE_STATES": True, "STORE_V_NEW": True, "DOT_PREC": DOT_PRECISION,
+                      "cu_seqlens": None, "STORE_O": False, **({"gcum": None} if decay == DecayKind.NONE else {})}
+            scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
+                        "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
+                        "scale": "fp32", "T": "i32"}
+            scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
+            alt["meta"]["attrs"] = aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)
+            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV} output_kernel=True",
+                                 _delta_chunk_scan_fwd_kernel, scan_sig, scan_c, num_warps=8, num_stages=1, **alt))
+            out_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), "DECAY": decay,
+                     "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, **({"gcum": None} if decay == DecayKind.NONE else {})}
+            out_sig = {"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io, "cu_seqlens": "constexpr",
+                       "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
+            out_sig.update({c: "constexpr" for c in out_c if c not in out_sig})
+            register_aot(AotSpec("delta_chunk_out_fwd", f"{label} BV={out_c['BV']} output_kernel=True",
+                                 _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, num_stages=1, default=False,
+                                 meta={"archs": list(ALTERNATIVE_ARCHS),
+                                       "attrs": aligned_attrs(_delta_chunk_out_fwd_kernel, out_sig)}))
 
 
 _register_aot_specs()

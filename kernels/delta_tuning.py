@@ -6,6 +6,9 @@ tested against the float64 reference under the interpreter):
 * ``solve_block``: the forward's unit-triangular solve. 64 (the chunk): forward substitution over all
   rows in fp32 on CUDA cores, the default; 16 or 32: substitution inside 16- or 32-row diagonal
   blocks, merged with tensor-core products (``kernels/delta_chunk_fwd.py``).
+* ``output_kernel``: the forward's output. False: computed inside the sequential state pass (the
+  default); True: the state pass saves each chunk's start state and writes, and a separate kernel computes
+  every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
   >= 16); None keeps ``bwd_tiles``'s choice for the shape and target.
 
@@ -32,6 +35,7 @@ class DeltaTuning:
     """One choice of the kernels' speed alternatives (module docstring)."""
 
     solve_block: int = 64
+    output_kernel: bool = False
     prep_bv: int | None = None
     scan_bv: int | None = None
     dqk_bv: int | None = None
@@ -39,18 +43,35 @@ class DeltaTuning:
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
+        if not isinstance(self.output_kernel, bool):
+            raise ValueError(f"delta_tuning: output_kernel must be a bool, got {self.output_kernel!r}")
         for name in ("prep_bv", "scan_bv", "dqk_bv"):
             value = getattr(self, name)
             if value is not None and value not in BWD_VALUE_BLOCKS:
                 raise ValueError(f"delta_tuning: {name} must be None or one of {BWD_VALUE_BLOCKS}, got {value!r}")
 
+    def choices(self) -> dict[str, int]:
+        """The fields that differ from the defaults (``delta_tuning(**t.choices())`` applies ``t``)."""
+        base = DeltaTuning()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(base, f.name)}
+
+    @property
+    def changes_forward(self) -> bool:
+        """Whether the forward kernels run differently (else only the backward's do)."""
+        return self.solve_block != DeltaTuning().solve_block or self.output_kernel
+
     def label(self) -> str:
         """``"default"``, or the choices that differ from the defaults, e.g. ``"solve_block=16"``."""
-        base = DeltaTuning()
-        diff = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) !=
-                getattr(base, f.name)]
-        return ",".join(diff) or "default"
+        return ",".join(f"{name}={value}" for name, value in self.choices().items()) or "default"
 
+
+# The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
+# non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, and a wider value block
+# for each backward kernel.
+ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
+                DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32), DeltaTuning(prep_bv=32))
+# The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
+ALTERNATIVE_ARCHS = (90,)
 
 _ACTIVE = [DeltaTuning()]
 
@@ -75,4 +96,5 @@ def delta_tuning(**choices) -> Iterator[DeltaTuning]:
         _ACTIVE.pop()
 
 
-__all__ = ["BWD_VALUE_BLOCKS", "SOLVE_BLOCKS", "DeltaTuning", "active_tuning", "delta_tuning"]
+__all__ = ["ALTERNATIVES", "ALTERNATIVE_ARCHS", "BWD_VALUE_BLOCKS", "SOLVE_BLOCKS", "DeltaTuning", "active_tuning",
+           "delta_tuning"]

@@ -197,6 +197,40 @@ def test_chunk_indices_numbering():
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+def test_separate_output_kernel(monkeypatch, variant):
+    """``delta_tuning(output_kernel=True)``: the state pass skips the output and a parallel kernel computes it
+    from the saved chunk-start states and writes: the reference's outputs, the default path's states and
+    writes (bitwise: the same state pass), and the outputs the caller did not ask for stay None."""
+    import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    launched = []
+    kernel = fwd._out_fwd
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(fwd, "_out_fwd", Spy())
+    for varlen, B, save_states in ((None, 2, True), ([0, 70, 71, 100], 1, False)):
+        inputs = make_inputs(variant, B, 100, 2, 4, 32, 48, varlen=varlen, h0=True, decay=(0.0, 2.0))
+        q, k, v, g, b, w, s0, cu = inputs
+        scale = 32 ** -0.5
+        args = (q, k, v, g, b, w, scale, s0, True, cu)
+        o_ref, s_ref = reference(*inputs[:6], scale, s0, cu)
+        plain = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
+        with delta_tuning(output_kernel=True):
+            o, s, h, v_new = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
+            assert fwd.delta_chunk_fwd(*args, save_states=save_states)[3] is None
+        assert_close("o", o, o_ref)
+        assert_close("final_state", s, s_ref)
+        assert torch.equal(s, plain[1]) and torch.equal(v_new, plain[3])
+        assert (h is None) == (not save_states) and (h is None or torch.equal(h, plain[2]))
+    assert len(launched) == 4
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("solve_block", [16, 32])
 def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
     """The alternative solve (diagonal blocks merged with products, ``delta_tuning(solve_block=...)``) gives
