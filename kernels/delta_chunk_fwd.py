@@ -271,10 +271,11 @@ def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 
     o_k = kb * BK + tl.arange(0, BK)
     m = m_t[:, None] & (o_k < K)[None, :]
     b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
+    if READ_O:  # both loads before both products (the order the register allocation was measured with)
+        b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale, H, HV, K, DECAY)
     b_sd = b_s.to(DT)
     acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PREC)
     if READ_O:
-        b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale, H, HV, K, DECAY)
         acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PREC)
     return acc_v, acc_o
 
@@ -312,7 +313,7 @@ def _delta_chunk_scan_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
-    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr, STORE_O: tl.constexpr = True,
+    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr, STORE_O: tl.constexpr,
 ):
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -591,7 +592,7 @@ def _register_aot_specs() -> None:
             for BV, archs in per_arch.items():
                 scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay,
                           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
-                          "STORE_V_NEW": False, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None}
+                          "STORE_V_NEW": False, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, "STORE_O": True}
                 if decay == DecayKind.NONE:
                     scan_c["gcum"] = None
                 scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
