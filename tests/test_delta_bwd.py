@@ -198,9 +198,11 @@ def test_bwd_warpgroup_tiles(kinds, monkeypatch):
 
 
 def test_bwd_report_matches_launch():
-    # every registered configuration is what the launcher runs on the targets it is registered for
+    # every registered configuration is what the launcher runs on the targets it is registered for: the
+    # defaults, and (non-default rows) under the speed alternative the row names
     import lamina.kernels.delta_chunk_bwd as bwd
     from lamina.kernels._utils import registered_aot
+    from lamina.kernels.delta_tuning import ALTERNATIVES
 
     specs = [s for s in registered_aot() if s.name.startswith("_delta_chunk_bwd_")]
     assert {s.name for s in specs} == {"_delta_chunk_bwd_prep_kernel", "_delta_chunk_bwd_dh_kernel",
@@ -212,9 +214,15 @@ def test_bwd_report_matches_launch():
         assert (spec.num_warps, spec.num_stages) == (bwd.NUM_WARPS, bwd.NUM_STAGES), spec.config
         assert spec.meta.get("attrs"), f"{spec.config}: compiled without the JIT's pointer alignment"
         c = spec.constexprs
+        tuning = None
+        if not spec.default:
+            named = [t for t in ALTERNATIVES if spec.config.endswith(" " + t.label())]
+            assert len(named) == 1, f"{spec.config}: a non-default row names one alternative"
+            tuning = named[0]
         for arch in spec.meta.get("archs", (90, 80)):
-            tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90)
+            tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90, tuning)
             want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
-            covered.add((spec.name, c["DECAY"], c["ERASE"], arch))
+            if spec.default:
+                covered.add((spec.name, c["DECAY"], c["ERASE"], arch))
     assert len(covered) == 3 * 4 * 2, "every kernel, variant and target has a default"
