@@ -445,10 +445,11 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
     return [triton.Config({}, num_warps=nw, num_stages=ns) for nw in warps for ns in stages]
 
 
-# Autotune keys name dims, variant flags and chunk size only (tensor dtypes are added by the
-# autotuner): never T or the number of sequences, so a new varlen batch does not retune.
+# Autotune keys name dims, variant flags, chunk size and the speed alternatives' constexprs (each
+# alternative gets its own tuning; tensor dtypes are added by the autotuner): never T or the number of
+# sequences, so a new varlen batch does not retune.
 _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
-                     key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN"])(
+                     key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN", "SOLVE_BLOCK"])(
     _delta_chunk_prep_fwd_kernel)
 _scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O"])(
