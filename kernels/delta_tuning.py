@@ -12,8 +12,10 @@ tested against the float64 reference under the interpreter):
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
   >= 16); None keeps ``bwd_tiles``'s choice for the shape and target.
 
-``delta_tuning(**choices)`` sets them for the calls inside a ``with`` block (process-wide: the
-benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read.
+``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
+benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when
+they launch: a backward runs with the tuning active when it runs, so keep ``loss.backward()`` inside
+the block to run an alternative's backward.
 Defaults come from ``DeltaTuning()``; ``benchmarks/sweep_delta.py`` measures every alternative
 against them.
 """
