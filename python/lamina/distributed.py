@@ -464,9 +464,10 @@ class _RingAttention(torch.autograd.Function):
     """Attention of this rank's queries over the keys and values of the whole sequences, without gathering
     them: the keys and values pass once around the ring of ranks (rank r sends to r + 1), each rank attends
     to the blocks it holds while the next ones are in flight and merges them by their lse. Backward passes
-    them around again, with float32 dk/dv accumulators that travel with them and return to their rank at the
-    end; each block's gradients come from the whole rows' o and lse (nothing is saved per block). Memory:
-    this rank's q, k, v, o, lse and two blocks of keys and values in flight."""
+    them around again, with float32 dk/dv accumulators that follow them one step behind (their transfer
+    overlaps the next block's work) and return to their rank at the end; each block's gradients come from
+    the whole rows' o and lse (nothing is saved per block). Memory: this rank's q, k, v, o, lse and two
+    blocks of keys and values in flight."""
 
     @staticmethod
     def forward(ctx, q, k, v, cp: ContextParallel, causal: bool, scale: float, softcap: float, path: str):
@@ -503,10 +504,14 @@ class _RingAttention(torch.autograd.Function):
         rows = lambda x, slot: x[:, :, slot * L:(slot + 1) * L]  # noqa: E731  lse-shaped [B, H, T]
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v])
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # the gradients of the keys held
+        # The gradient accumulators of the keys held follow them one step behind: the previous rank's arrive
+        # while this rank computes its share, which is then added and sent on (after the last step they
+        # reach the rank the keys belong to).
+        in_flight = None
         for step in range(cp.world_size):
             if step + 1 < cp.world_size:
                 requests, incoming = _ring_pass(cp, kv)
+            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
             for a, b, diagonal in _ring_blocks(cp, (cp.rank - step) % cp.world_size, ctx.causal):
                 dq_blk, dk_blk, dv_blk = attention_block_backward(
                     part(do, a), None if dlse is None else rows(dlse, a), part(q, a), part(kv[0], b),
@@ -514,15 +519,20 @@ class _RingAttention(torch.autograd.Function):
                 part(dq, a).add_(dq_blk)
                 part(dkv[0], b).add_(dk_blk)
                 part(dkv[1], b).add_(dv_blk)
-            # The accumulators follow their keys to the next rank (after the last step: back to their own).
-            if cp.world_size > 1:
-                grad_requests, dkv = _ring_pass(cp, dkv, tag=1)
-                for request in grad_requests:
+            if in_flight is not None:
+                for request in in_flight[0]:
                     request.wait()
+                dkv.add_(in_flight[1])
+            if cp.world_size > 1:
+                in_flight = _ring_pass(cp, dkv, tag=1)
             if step + 1 < cp.world_size:
                 for request in requests:
                     request.wait()
                 kv = incoming
+        if in_flight is not None:
+            for request in in_flight[0]:
+                request.wait()
+            dkv = in_flight[1]
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 

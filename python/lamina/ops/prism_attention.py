@@ -503,14 +503,14 @@ def _check_window(window_size: object, softcap: object) -> tuple[tuple[int, int]
     return (int(window_size[0]), int(window_size[1])), float(softcap)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Blocks of ring attention (lamina.distributed): one query block over one key block, no autograd
 # ----------------------------------------------------------------------------------------------
 def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                     softcap: float, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, T, H, D] over k, v [B, S, HKV, D] (validated by the caller): o in q's dtype and lse [B, H, T]
-    float32, on ``path`` ("triton": the forward kernel; "torch": the blockwise PyTorch path)."""
+    float32, on ``path`` ("triton": the forward kernel; "torch": the PyTorch path, PyTorch's fused CPU kernel
+    or, with softcapping or off the CPU, the blockwise form)."""
     if path == "triton":
         return _prism_attention_fwd_op(q, k, v, None, None, q.shape[1], k.shape[1], causal, scale, -1, -1, softcap)
     return _attention_torch_dense(q, k, v, causal, scale, True, (-1, -1), softcap)
@@ -537,5 +537,6 @@ def attention_block_backward(
     dq, dk, dv = _exact_backward(qt, kt, vt, dot, causal, scale, lse.to(compute), delta, softcap)
     dk, dv = (rearrange(x, "b (hk g) s d -> b s hk g d", g=group).sum(3) for x in (dk, dv))
     return rearrange(dq, "b h t d -> b t h d"), dk, dv
+
 
 __all__ = ["attention_block", "attention_block_backward", "prism_attention"]
