@@ -48,8 +48,8 @@ OPS = ("gated_delta_rule", "kda", "gdn2", "delta_rule")
 MODES = ("fwd", "fwd+bwd")
 # Each alternative (lamina.kernels.delta_tuning, the static report's too) and the modes it can change: the
 # solve runs in the forward, the value blocks in the backward.
-ALTERNATIVES: tuple[tuple[dict[str, int], tuple[str, ...]], ...] = tuple(
-    (t.choices(), ("fwd",) if t.changes_forward else ("fwd+bwd",)) for t in TUNING_ALTERNATIVES)
+ALTERNATIVES: tuple[tuple[DeltaTuning, tuple[str, ...]], ...] = tuple(
+    (t, ("fwd",) if t.changes_forward else ("fwd+bwd",)) for t in TUNING_ALTERNATIVES)
 # An alternative becomes a default only this much faster (geometric mean of its time ratios).
 MIN_GAIN = 0.03
 # The defaults and fla take this share of the budget at most; the alternatives share the rest.
@@ -61,14 +61,15 @@ LAMINA = "lamina-triton"
 
 
 class _Renamed:
-    """A writer that records the current alternative as part of the provider's name."""
+    """A writer that records the current alternative as part of the provider's name (in the record itself,
+    which the suite also returns)."""
 
     def __init__(self, writer: ResultWriter) -> None:
         self.writer, self.suffix = writer, ""
 
     def write(self, record: dict[str, Any]) -> None:
         if self.suffix and record.get("provider") == LAMINA:
-            record = {**record, "provider": f"{LAMINA}[{self.suffix}]"}
+            record["provider"] = f"{LAMINA}[{self.suffix}]"
         self.writer.write(record)
 
 
@@ -99,20 +100,17 @@ def run(device: str, dry_run: bool, out: str, budget_s: float) -> list[dict[str,
 
     def suite(providers: list[str], modes: list[str], budget: float) -> None:
         got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0)), renamed, progress)
-        for r in got:
-            if renamed.suffix and r.get("provider") == LAMINA:
-                r["provider"] = f"{LAMINA}[{renamed.suffix}]"
         records.extend(got)
 
     try:
         suite([LAMINA, fla], list(MODES), budget_s * BASELINE_SHARE)
-        for n, (choices, modes) in enumerate(ALTERNATIVES):
+        for n, (tuning, modes) in enumerate(ALTERNATIVES):
             left = budget_s - (time.monotonic() - start)
             if left <= 1.0:
-                print(f"time budget spent: {DeltaTuning(**choices).label()} and later alternatives not run")
+                print(f"time budget spent: {tuning.label()} and later alternatives not run")
                 break
-            renamed.suffix = DeltaTuning(**choices).label()
-            with delta_tuning(**choices):
+            renamed.suffix = tuning.label()
+            with delta_tuning(**tuning.choices()):
                 suite([LAMINA], list(modes), left / (len(ALTERNATIVES) - n))
     finally:
         renamed.suffix = ""
@@ -145,8 +143,8 @@ def report(records: list[dict[str, Any]]) -> str:
                      f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}")
     lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
     chosen: dict[str, tuple[int, float]] = {}
-    for choices, _ in ALTERNATIVES:
-        label = DeltaTuning(**choices).label()
+    for tuning, _ in ALTERNATIVES:
+        label = tuning.label()
         name = f"{LAMINA}[{label}]"
         logs = [math.log(t[name] / t[LAMINA]) for t in times.values() if name in t and LAMINA in t]
         for (op, mode, shape), t in sorted(times.items()):
@@ -158,7 +156,7 @@ def report(records: list[dict[str, Any]]) -> str:
         mean = math.exp(sum(logs) / len(logs))
         lines.append(f"  {label:<16} geometric mean over {len(logs)} cases: {mean:.3f}")
         if mean <= 1 - MIN_GAIN:
-            key, value = next(iter(choices.items()))
+            key, value = next(iter(tuning.choices().items()))
             if key not in chosen or mean < chosen[key][1]:
                 chosen[key] = (value, mean)
     picked = {key: value for key, (value, _) in chosen.items()}

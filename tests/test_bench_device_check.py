@@ -153,9 +153,8 @@ def test_delta_sweep_step_times_every_alternative_in_its_dry_run(tmp_path):
     ran = {(r["op"], r["mode"], r["provider"]) for r in records if r["kind"] == "result" and r["status"] == "ok"}
     expected = {(op, mode, provider) for op in sweep.OPS for mode in sweep.MODES
                 for provider in ("lamina-triton", "fla-naive-chunk")}
-    for choices, modes in sweep.ALTERNATIVES:
-        label = sweep.DeltaTuning(**choices).label()
-        expected |= {(op, mode, f"lamina-triton[{label}]") for op in sweep.OPS for mode in modes}
+    for tuning, modes in sweep.ALTERNATIVES:
+        expected |= {(op, mode, f"lamina-triton[{tuning.label()}]") for op in sweep.OPS for mode in modes}
     assert expected <= ran, sorted(expected - ran)
     log = (out / "bench.log").read_text()
     assert "lamina / fla (time ratio" in log and "defaults it would choose: DeltaTuning(" in log, log
