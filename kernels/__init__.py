@@ -12,8 +12,7 @@ if INTERPRET:
 
     _interpreter.apply_fixes()
 
-# Every module that defines a kernel registered with the static report (``lamina info --kernels``);
-# importing all of them registers every configuration.
+# Every module that defines a kernel registered with the static report (``lamina info --kernels``).
 KERNEL_MODULES = (
     "lamina.kernels.delta_chunk_fwd",
     "lamina.kernels.delta_recurrent_fwd",
@@ -26,5 +25,9 @@ KERNEL_MODULES = (
     "lamina.kernels.short_conv",
     "lamina.kernels.rms_norm_gated",
 )
+# The modules that register configurations: the kernel modules (most register their own), and the
+# delta-rule family's registrations, which have a module of their own. Importing all of them registers
+# every configuration.
+REPORT_MODULES = (*KERNEL_MODULES, "lamina.kernels.delta_report")
 
-__all__ = ["INTERPRET", "KERNEL_MODULES"]
+__all__ = ["INTERPRET", "KERNEL_MODULES", "REPORT_MODULES"]

@@ -77,6 +77,19 @@ def registered_aot() -> list[AotSpec]:
     return list(_REGISTRY)
 
 
+# Which shapes the registrations that have a grid add (kernels/delta_report.py): "default" (what CI
+# compiles) or "full"; read when the registering module is imported (`lamina info --kernels --grid`).
+REPORT_GRID_ENV = "LAMINA_REPORT_GRID"
+REPORT_GRIDS = ("default", "full")
+
+
+def report_grid() -> str:
+    grid = os.environ.get(REPORT_GRID_ENV, "default") or "default"
+    if grid not in REPORT_GRIDS:
+        raise ValueError(f"{REPORT_GRID_ENV} must be one of {REPORT_GRIDS}, got {grid!r}")
+    return grid
+
+
 def raw_jit(fn: Any) -> Any:
     """The JITFunction under autotune/heuristics wrappers."""
     from triton.runtime.autotuner import Autotuner, Heuristics

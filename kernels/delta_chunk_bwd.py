@@ -36,7 +36,9 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    ``[tokens, HV, BT]``), ``U`` and ``P^T dO`` (fp32, the size of ``v``) and ``Qg^T dO`` (fp32, into
    the ``dH`` buffer, the size of ``h``).
 2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
-   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four 64-row key blocks).
+   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four 64-row key blocks,
+   K <= 256) or, for wider keys, in the float32 ``dinitial_state`` buffer, read and updated one 64-row
+   block at a time.
    It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
    writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
 3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): per value head, first the products
@@ -46,7 +48,8 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
 
 All three run with ``NUM_WARPS`` warps and ``NUM_STAGES`` stages and the blocks of ``bwd_tiles``, which
-the static report (``lamina info --kernels``) compiles too: what it reports is what runs.
+the static report (``lamina info --kernels``, registered in kernels/delta_report.py) compiles too: what it
+reports is what runs.
 
 Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
@@ -61,7 +64,7 @@ import triton
 import triton.language as tl
 
 from lamina._validate import check_cu_seqlens, check_shape, check_tensor
-from lamina.kernels._utils import AotSpec, cdiv, raw_jit, register_aot
+from lamina.kernels._utils import cdiv
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
     chunk_bounds,
@@ -88,8 +91,8 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     has_warpgroup_mma,
     scan_block_v,
 )
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR, aligned_attrs
-from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, active_tuning
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR
+from lamina.kernels.delta_tuning import active_tuning
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
 __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
@@ -195,11 +198,15 @@ def _delta_chunk_bwd_dh_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DH_IN_MEMORY: tl.constexpr,
 ):
     # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
-    # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128)
+    # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128).
+    # DH_IN_MEMORY (wider keys): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
+    # state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
+    # dU and updating it after dR; what this program stores there only it reads back (its V columns).
     NKB: tl.constexpr = (K + BK - 1) // BK
-    tl.static_assert(NKB <= 4, "the scan holds at most four key blocks")
+    tl.static_assert(DH_IN_MEMORY or NKB <= 4, "the scan holds at most four key blocks in registers")
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // HV
@@ -227,7 +234,7 @@ def _delta_chunk_bwd_dh_kernel(
     dh_1 = tl.zeros([BK, BV], dtype=tl.float32)
     dh_2 = tl.zeros([BK, BV], dtype=tl.float32)
     dh_3 = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_FINAL_STATE_GRADIENT:
+    if USE_FINAL_STATE_GRADIENT and not DH_IN_MEMORY:
         dh_0 = state_block_io(dht, head_state, 0, o_k, o_v, dh_0, K, V, True)
         if NKB > 1:
             dh_1 = state_block_io(dht, head_state, BK, o_k, o_v, dh_1, K, V, True)
@@ -242,23 +249,29 @@ def _delta_chunk_bwd_dh_kernel(
         L = eos - t0
         # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
         dU = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
-        qd_0 = swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
-        kt_0, eg_0, dc_0 = scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
-        dU += tl.dot(kt_0, dh_0.to(DT), input_precision=DOT_PRECISION)
-        if NKB > 1:
-            qd_1 = swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
-            kt_1, eg_1, dc_1 = scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
-            dU += tl.dot(kt_1, dh_1.to(DT), input_precision=DOT_PRECISION)
-        if NKB > 2:
-            qd_2 = swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
-            kt_2, eg_2, dc_2 = scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
-                                              ERASE)
-            dU += tl.dot(kt_2, dh_2.to(DT), input_precision=DOT_PRECISION)
-        if NKB > 3:
-            qd_3 = swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
-            kt_3, eg_3, dc_3 = scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
-                                              ERASE)
-            dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
+        if DH_IN_MEMORY:
+            for k0 in range(0, K, BK):
+                kt, _, _ = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
+                dU += tl.dot(kt, dh.to(DT), input_precision=DOT_PRECISION)
+        else:
+            qd_0 = swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
+            kt_0, eg_0, dc_0 = scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+            dU += tl.dot(kt_0, dh_0.to(DT), input_precision=DOT_PRECISION)
+            if NKB > 1:
+                qd_1 = swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
+                kt_1, eg_1, dc_1 = scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                dU += tl.dot(kt_1, dh_1.to(DT), input_precision=DOT_PRECISION)
+            if NKB > 2:
+                qd_2 = swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
+                kt_2, eg_2, dc_2 = scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+                                                  ERASE)
+                dU += tl.dot(kt_2, dh_2.to(DT), input_precision=DOT_PRECISION)
+            if NKB > 3:
+                qd_3 = swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
+                kt_3, eg_3, dc_3 = scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
+                                                  ERASE)
+                dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
         # A^T is read through transposed pointers (A_T[i, j] = A[token j, column i]), not formed with
         # tl.trans: on an H200 (triton 3.6, DeltaNet) tl.trans(A) as a warpgroup-product operand read
         # past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads) and dR
@@ -286,15 +299,28 @@ def _delta_chunk_bwd_dh_kernel(
 
         # dS0 = Diag(gamma_C) dH + Qg^T dO - Eb^T dR, block by block
         dR_c = dR.to(DT)
-        dh_0 = dh_0 * dc_0 + qd_0 - tl.dot(tl.trans(eg_0), dR_c, input_precision=DOT_PRECISION)
-        if NKB > 1:
-            dh_1 = dh_1 * dc_1 + qd_1 - tl.dot(tl.trans(eg_1), dR_c, input_precision=DOT_PRECISION)
-        if NKB > 2:
-            dh_2 = dh_2 * dc_2 + qd_2 - tl.dot(tl.trans(eg_2), dR_c, input_precision=DOT_PRECISION)
-        if NKB > 3:
-            dh_3 = dh_3 * dc_3 + qd_3 - tl.dot(tl.trans(eg_3), dR_c, input_precision=DOT_PRECISION)
+        if DH_IN_MEMORY:
+            # the chunk's dH goes to its dh_buf slot (Qg^T dO comes out), and dS0 replaces it in dh0
+            for k0 in range(0, K, BK):
+                dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
+                qd = swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V)
+                _, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                dh = dh * dc + qd - tl.dot(tl.trans(eg), dR_c, input_precision=DOT_PRECISION)
+                # every thread has read the block before any overwrites it (the store's layout may give
+                # an element to another thread)
+                tl.debug_barrier()
+                state_block_io(dh0, head_state, k0, o_k, o_v, dh, K, V, False)
+            tl.debug_barrier()  # the next chunk's reads see these stores
+        else:
+            dh_0 = dh_0 * dc_0 + qd_0 - tl.dot(tl.trans(eg_0), dR_c, input_precision=DOT_PRECISION)
+            if NKB > 1:
+                dh_1 = dh_1 * dc_1 + qd_1 - tl.dot(tl.trans(eg_1), dR_c, input_precision=DOT_PRECISION)
+            if NKB > 2:
+                dh_2 = dh_2 * dc_2 + qd_2 - tl.dot(tl.trans(eg_2), dR_c, input_precision=DOT_PRECISION)
+            if NKB > 3:
+                dh_3 = dh_3 * dc_3 + qd_3 - tl.dot(tl.trans(eg_3), dR_c, input_precision=DOT_PRECISION)
 
-    if USE_INITIAL_STATE:
+    if USE_INITIAL_STATE and not DH_IN_MEMORY:
         state_block_io(dh0, head_state, 0, o_k, o_v, dh_0, K, V, False)
         if NKB > 1:
             state_block_io(dh0, head_state, BK, o_k, o_v, dh_1, K, V, False)
@@ -413,10 +439,13 @@ def delta_chunk_bwd(
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
     dw = torch.empty_like(w_in) if write == 1 else torch.empty(nv, ntok, HV, **f32)
-    dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
+    if tiles.dh_in_memory:  # the scan's dH, starting from the final state's gradient
+        dh0 = dht.float().clone() if dfinal_state is not None else torch.zeros(state_shape, **f32)
+    else:
+        dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
         k, v, g_in, b_in, w_in, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
-        cu, offs, T, nt, ntok, BK=tiles.scan_bk, BV=tiles.scan_bv,
+        cu, offs, T, nt, ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags, **launch)
 
@@ -437,86 +466,3 @@ def delta_chunk_bwd(
     dw_out = None if w is None else (dw if write == 1 else reduce(dw, w))
     dh0_out = dh0 if initial_state is not None else None
     return dq, dk, dv, dg_out, db_out, dw_out, dh0_out
-
-
-# ----------------------------------------------------------------------------------------------------
-# static report: the default configuration of each kernel for the four variants
-# ----------------------------------------------------------------------------------------------------
-
-# (name, DECAY, ERASE, WRITE) of the variants the report compiles.
-_VARIANTS = (("deltanet", 0, 0, 0), ("gdn", 1, 0, 0), ("kda", 2, 0, 0), ("gdn2", 2, 1, 1))
-# The report's shape: bf16 activations, float32 gates and states, K = V = 128 (the common head size).
-_AOT_DIMS = dict(H=4, HV=4, K=128, V=128, BT=DEFAULT_CHUNK_SIZE)
-# The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
-_AOT_TARGETS = {90: True, 80: False}
-
-
-def _aot_signature(fn, decay: int, erase: int, write: int) -> dict[str, str]:
-    """Argument types as the launcher passes them for bf16 activations (a gate that is None is
-    replaced by a tensor of the activations' dtype; per-token partial sums are float32)."""
-    act, f32, i32 = "*bf16", "*fp32", "*i32"
-    types = {
-        "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
-        "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
-        "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
-        "dR_buf": f32, "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
-        "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
-        "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
-    }
-    return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
-
-
-def _kernel_blocks(fn, tiles: BwdTiles) -> dict:
-    """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``."""
-    return {
-        _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
-        _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, USE_INITIAL_STATE=True,
-                                         USE_FINAL_STATE_GRADIENT=True),
-        _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),
-    }[fn]
-
-
-def _register_default_configs() -> None:
-    """Every kernel's default blocks on each target; then, as non-default rows for ``ALTERNATIVE_ARCHS``, the
-    blocks of each backward alternative of ``delta_tuning`` that changes the kernel."""
-    K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
-    for variant, decay, erase, write in _VARIANTS:
-        for fn in (_delta_chunk_bwd_prep_kernel, _delta_chunk_bwd_dh_kernel, _delta_chunk_bwd_dqk_kernel):
-            # the blocks each target runs with; a kernel whose blocks differ gets one entry per target
-            per_arch: dict[tuple, list[int]] = {}
-            for arch, warpgroup_mma in _AOT_TARGETS.items():
-                per_arch.setdefault(tuple(_kernel_blocks(fn, bwd_tiles(K, V, decay, warpgroup_mma)).items()),
-                                    []).append(arch)
-            _register_blocks(fn, variant, decay, erase, write, per_arch, "", True)
-            for tuning in (t for t in ALTERNATIVES if not t.changes_forward):
-                alternative: dict[tuple, list[int]] = {}
-                for arch in ALTERNATIVE_ARCHS:
-                    blocks = tuple(_kernel_blocks(fn, bwd_tiles(K, V, decay, _AOT_TARGETS[arch], tuning)).items())
-                    if arch not in per_arch.get(blocks, []):  # the alternative changes this kernel there
-                        alternative.setdefault(blocks, []).append(arch)
-                _register_blocks(fn, variant, decay, erase, write, alternative, f" {tuning.label()}", False,
-                                 always_archs=True)
-
-
-def _register_blocks(fn, variant: str, decay: int, erase: int, write: int, per_arch: dict[tuple, list[int]],
-                     suffix: str, default: bool, always_archs: bool = False) -> None:
-    """One report row per distinct set of blocks in ``per_arch`` (blocks -> the targets that run them)."""
-    K, V = _AOT_DIMS["K"], _AOT_DIMS["V"]
-    jit = raw_jit(fn)
-    signature = _aot_signature(fn, decay, erase, write)
-    for blocks, archs in per_arch.items():
-        constexprs = dict(_AOT_DIMS, DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=False,
-                          DOT_PRECISION="tf32", **dict(blocks))
-        label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
-        # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
-        meta = {"attrs": aligned_attrs(jit, signature)}
-        if len(per_arch) > 1 or always_archs:
-            meta["archs"] = archs
-        register_aot(AotSpec(
-            name=jit.__name__, config=f"{variant} bf16 K={K} V={V} BT={_AOT_DIMS['BT']} {label}{suffix}",
-            fn=jit, signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-            uses_dot=True, default=default, meta=meta,
-        ))
-
-
-_register_default_configs()

@@ -19,8 +19,13 @@ from lamina.kernels.delta_tuning import DeltaTuning
 # 128 would not fit in registers next to the rest.
 CHUNK_SIZES = (16, 32, 64)
 DEFAULT_CHUNK_SIZE = 64
-# Widest key dim: the scan holds dH as one [K, BV] fp32 tile next to [BT, K] tiles of q, k and gates.
-MAX_HEAD_DIM_K = 256
+# Widest key dim the backward takes.
+MAX_HEAD_DIM_K = 512
+# Widest key dim whose dH the reverse scan holds in registers, as four [64, BV] fp32 blocks next to
+# [BT, 64] tiles of k and gates. Wider keys keep dH in memory (``BwdTiles.dh_in_memory``): with
+# 128-row blocks the per-channel scan spilled on sm_90 even at K = 128 (one block: 255 registers and
+# 6-17 STL), and a fifth 64-row block would repeat the unrolled code again.
+MAX_REGISTER_SCAN_K = 256
 # Smallest tile side tl.dot accepts.
 MIN_DOT_DIM = 16
 # K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
@@ -34,6 +39,9 @@ PER_CHANNEL_BLOCK_K = 32
 # a thread carries what it would with 4 warps. sm_80, bf16, K = 128: BK = 32 spilled (scalar decay
 # 8 STL, KDA 1 STL), BK = 16 compiled to 128-194 registers without spills for all four variants.
 MMA_SYNC_DQK_BLOCK_K = 16
+# V block of the prep kernel on targets without warpgroup products for K > 256: sm_80, GDN, K = 512
+# spilled at 64 (255 registers, 5 STL; 0 at K = 256) and compiled to 185 registers at 32.
+MMA_SYNC_WIDE_PREP_BLOCK_V = 32
 # V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
 # of two or three products at once; 16 columns keep them small next to the accumulators.
 DQK_BLOCK_V = 16
@@ -61,7 +69,8 @@ def scan_block_v(K: int, V: int) -> int:
 
 
 class BwdTiles(NamedTuple):
-    """Key/value blocks of the three backward kernels for one shape and decay kind."""
+    """Key/value blocks of the three backward kernels for one shape and decay kind, and where the reverse
+    scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one 64-row block at a time)."""
 
     prep_bk: int
     prep_bv: int
@@ -69,6 +78,7 @@ class BwdTiles(NamedTuple):
     scan_bv: int
     dqk_bk: int
     dqk_bv: int
+    dh_in_memory: bool = False
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> BwdTiles:
@@ -77,9 +87,10 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
     products (``has_warpgroup_mma``). ``tuning``'s value blocks, where set, replace the defaults (capped at
     V's power of two: a wider block would only hold padding)."""
     bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
+    wide_mma_sync = not warpgroup_mma and K > MAX_REGISTER_SCAN_K
     tiles = BwdTiles(
-        prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK),
-        scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V),
+        prep_bk=bk_chunk, prep_bv=_pow2_block(V, MMA_SYNC_WIDE_PREP_BLOCK_V if wide_mma_sync else CHUNK_BLOCK),
+        scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V), dh_in_memory=K > MAX_REGISTER_SCAN_K,
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
     )
     if tuning is None:

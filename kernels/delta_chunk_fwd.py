@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import autotune, cdiv, next_power_of_2
 from lamina.kernels.delta_chunk_common import (
     CHUNK_SIZE,
     DECAY_CHANNEL,
@@ -41,7 +41,6 @@ from lamina.kernels.delta_chunk_common import (
     GATE_SCALAR,
     MIN_BLOCK,
     SUB_BLOCK_C,
-    VARIANT_FLAGS,
     DecayKind,
     _col_ptrs,
     _load_state,
@@ -51,7 +50,6 @@ from lamina.kernels.delta_chunk_common import (
     _state_ptrs,
     _store_state,
     _vec_ptrs,
-    aligned_attrs,
     chunk_indices,
     decay_kind,
     gate_kind,
@@ -59,7 +57,7 @@ from lamina.kernels.delta_chunk_common import (
     key_blocks,
     value_block,
 )
-from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, active_tuning
+from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 
 # fp32 operands of tl.dot on a GPU default to TF32 (10-bit mantissa): too coarse for the
 # triangular solve (its error compounds over the chunk) and for fp32 inputs. tf32x3 splits
@@ -548,93 +546,3 @@ def delta_chunk_fwd(
             q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, BV=bv_out, DECAY=flags["DECAY"],
             **common)
     return o, ht, (h if save_states else None), (v_new if output_v_new else None)
-
-
-# ----------------------------------------------------------------------------------------------
-# static report: default configurations compiled ahead of time (lamina info --kernels)
-# ----------------------------------------------------------------------------------------------
-# (K, V) of the registered shapes: the common 128 and the widest fla supports. K = 512 (a forward-only
-# goal) is left out: its per-channel preparation kernel takes about two minutes to compile for one
-# arch, and on sm_80 it and the K = 512 state pass kept one spill store (seen with these tiles).
-_AOT_DIMS = ((128, 128), (256, 256))
-# The key dim the speed alternatives are compiled at (the common head size).
-_AOT_ALTERNATIVE_K = 128
-_AOT_BT = CHUNK_SIZE
-# The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
-_AOT_TARGETS = {90: True, 80: False}
-
-
-def _register_aot_specs() -> None:
-    io = "*bf16"
-    for variant, (decay, erase, write) in VARIANT_FLAGS.items():
-        g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
-        for K, V in _AOT_DIMS:
-            BK, NK = key_blocks(K)
-            base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False}
-            label = f"{variant} bf16 K={K} V={V}"
-            BKP, NKP = prep_key_blocks(K, decay)
-            prep_c = {**base, "BT": _AOT_BT, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "DECAY": decay,
-                      "ERASE": erase, "WRITE": write, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None,
-                      "SOLVE_BLOCK": SOLVE_BLOCK}
-            if decay == DecayKind.NONE:
-                prep_c.update(g=None, gcum=None)
-            prep_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io, "u": io,
-                        "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
-            prep_sig.update({c: "constexpr" for c in prep_c if c not in prep_sig})
-            register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
-                                 num_warps=8, num_stages=1,
-                                 meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)}))
-            # the solve's alternatives (delta_tuning), non-default rows on the sweep's target, at K = 128
-            for tuning in (t for t in ALTERNATIVES if t.solve_block != SOLVE_BLOCK and K == _AOT_ALTERNATIVE_K):
-                register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
-                                     prep_sig, {**prep_c, "SOLVE_BLOCK": tuning.solve_block}, num_warps=8,
-                                     num_stages=1, default=False,
-                                     meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig),
-                                           "archs": list(ALTERNATIVE_ARCHS)}))
-            # the V tile each target runs with; one entry per distinct tile
-            per_arch: dict[int, list[int]] = {}
-            for arch, warpgroup_mma in _AOT_TARGETS.items():
-                per_arch.setdefault(value_block(K, V, warpgroup_mma=warpgroup_mma), []).append(arch)
-            for BV, archs in per_arch.items():
-                scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay,
-                          "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
-                          "STORE_V_NEW": False, "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, "STORE_O": True}
-                if decay == DecayKind.NONE:
-                    scan_c["gcum"] = None
-                scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                            "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
-                            "scale": "fp32", "T": "i32"}
-                scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
-                meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}
-                if len(per_arch) > 1:
-                    meta["archs"] = archs
-                register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
-                                     scan_sig, scan_c, num_warps=8, num_stages=1, meta=meta))
-            if K != _AOT_ALTERNATIVE_K or not any(t.output_kernel for t in ALTERNATIVES):
-                continue
-            # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
-            # then the output kernel; non-default rows on the sweep's target
-            alt = {"default": False, "meta": {"archs": list(ALTERNATIVE_ARCHS)}}
-            BV = value_block(K, V, warpgroup_mma=_AOT_TARGETS[ALTERNATIVE_ARCHS[0]])
-            scan_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": BV, "DECAY": decay, "USE_INITIAL_STATE": True,
-                      "STORE_FINAL_STATE": True, "SAVE_STATES": True, "STORE_V_NEW": True, "DOT_PREC": DOT_PRECISION,
-                      "cu_seqlens": None, "STORE_O": False, **({"gcum": None} if decay == DecayKind.NONE else {})}
-            scan_sig = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                        "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
-                        "scale": "fp32", "T": "i32"}
-            scan_sig.update({c: "constexpr" for c in scan_c if c not in scan_sig})
-            alt["meta"]["attrs"] = aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)
-            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV} output_kernel=True",
-                                 _delta_chunk_scan_fwd_kernel, scan_sig, scan_c, num_warps=8, num_stages=1, **alt))
-            out_c = {**base, "BT": _AOT_BT, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), "DECAY": decay,
-                     "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, **({"gcum": None} if decay == DecayKind.NONE else {})}
-            out_sig = {"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io, "cu_seqlens": "constexpr",
-                       "chunk_idx": "*i32", "scale": "fp32", "T": "i32"}
-            out_sig.update({c: "constexpr" for c in out_c if c not in out_sig})
-            register_aot(AotSpec("delta_chunk_out_fwd", f"{label} BV={out_c['BV']} output_kernel=True",
-                                 _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, num_stages=1, default=False,
-                                 meta={"archs": list(ALTERNATIVE_ARCHS),
-                                       "attrs": aligned_attrs(_delta_chunk_out_fwd_kernel, out_sig)}))
-
-
-_register_aot_specs()

@@ -26,7 +26,7 @@ from lamina.kernels.delta_chunk_common import (
     _seq_bounds,
     aligned_attrs,
 )
-from lamina.kernels.delta_chunk_fwd import _AOT_DIMS, _contig, _flags, _warps_stages
+from lamina.kernels.delta_chunk_fwd import _contig, _flags, _warps_stages
 
 # fla's l2norm epsilon: x / sqrt(sum(x^2) + eps)
 L2NORM_EPS = tl.constexpr(1e-6)
@@ -274,6 +274,10 @@ def delta_decode_step(q, k, v, g, b, w, A_log, dt_bias, state, state_indices, nu
 _TRAINING_FLAGS = {"GATE_ACT": 0, "HAS_A": False, "HAS_DT": False, "BETA_ACT": 0, "L2NORM": False, "V_FIRST": False,
                    "POOL": False, "SPEC": False, "PER_TOKEN": False, "INPLACE": False}
 _RUNTIME_SIG = {"lower_bound": "fp32", "n_slots": "i32", "slot_stride": "i32", "idx_stride": "i32", "n_idx": "i32"}
+
+
+# (K, V) of the registered shapes: the common 128 and the widest fla supports.
+_AOT_DIMS = ((128, 128), (256, 256))
 
 
 def _register_aot_specs() -> None:

@@ -118,6 +118,32 @@ def test_bwd_varlen(kinds):
     check_case(*build_case(1, 100, 2, HV, 32, 48, kinds, seqlens=[70, 1, 29]))
 
 
+@pytest.mark.grid
+@pytest.mark.interpret
+@pytest.mark.parametrize("K,V", [(16, 16), (256, 48), (512, 32), (32, 512)])
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_head_dims(kinds, K, V):
+    # the narrowest tiles, and keys past the four register blocks of the scan (K = 512 keeps dH in
+    # memory), values over 32 scan programs; two chunks, the second partial
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    assert bwd.bwd_tiles(K, V, kinds[0], False).dh_in_memory == (K > 256)
+    check_case(*build_case(1, 70, 1, 2, K, V, kinds))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
+    # the reverse scan's in-memory dH (what K > 256 runs) at a small K, varlen, with and without the
+    # final state's gradient and the initial state
+    import lamina.kernels.delta_chunk_bwd_tiles as tiles
+
+    monkeypatch.setattr(tiles, "MAX_REGISTER_SCAN_K", 16)
+    assert tiles.bwd_tiles(64, 32, kinds[0], False).dh_in_memory
+    check_case(*build_case(1, 100, 2, 2, 64, 32, kinds, seqlens=[70, 1, 29]))
+    check_case(*build_case(2, 40, 2, 2, 64, 32, kinds, init=False, final_grad=False))
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
@@ -201,6 +227,7 @@ def test_bwd_report_matches_launch():
     # every registered configuration is what the launcher runs on the targets it is registered for: the
     # defaults, and (non-default rows) under the speed alternative the row names
     import lamina.kernels.delta_chunk_bwd as bwd
+    import lamina.kernels.delta_report  # noqa: F401 - registers the family's rows
     from lamina.kernels._utils import registered_aot
     from lamina.kernels.delta_tuning import ALTERNATIVES
 
@@ -223,6 +250,9 @@ def test_bwd_report_matches_launch():
             tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90, tuning)
             want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
+            if spec.name == "_delta_chunk_bwd_dh_kernel":
+                assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
             if spec.default:
-                covered.add((spec.name, c["DECAY"], c["ERASE"], arch))
-    assert len(covered) == 3 * 4 * 2, "every kernel, variant and target has a default"
+                covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
+    assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
+    assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"

@@ -320,11 +320,43 @@ def test_bad_gate_arguments():
 
 
 @pytest.mark.interpret
-def test_triton_path_rejects_float64_and_wide_keys_for_training():
+def test_triton_path_rejects_float64():
     q, k, v = base_inputs(torch.float64)
     beta = torch.rand(B, T, HV, dtype=torch.float64)
     with pytest.raises(ValueError, match="backend='torch'"):
         lamina.chunk_delta_rule(q, k, v, beta, backend="triton")
-    q, k = torch.randn(B, 4, H, 512, requires_grad=True), torch.randn(B, 4, H, 512)
-    with pytest.raises(ValueError, match="inference only"):
-        lamina.chunk_delta_rule(q, k, torch.randn(B, 4, HV, 16), torch.rand(B, 4, HV), backend="triton")
+    q = torch.randn(B, 4, H, 520, requires_grad=True)
+    with pytest.raises(ValueError, match=r"K must be in \[1, 512\]"):
+        lamina.chunk_delta_rule(q, q, torch.randn(B, 4, HV, 16), torch.rand(B, 4, HV), backend="triton")
+
+
+@pytest.mark.grid
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", ["delta", "gdn2"])
+def test_training_with_keys_of_512(variant):
+    """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan),
+    every gradient against autograd through the float64 torch path."""
+    t, k_dim, v_dim = 20, 512, 16
+    q, k = rand(B, t, H, k_dim, seed=40), rand(B, t, H, k_dim, seed=41)
+    v = rand(B, t, HV, v_dim, seed=42)
+    g = -torch.rand(B, t, HV, k_dim, generator=torch.Generator().manual_seed(43))
+    b = torch.rand(B, t, HV, k_dim, generator=torch.Generator().manual_seed(44))
+    w = torch.rand(B, t, HV, v_dim, generator=torch.Generator().manual_seed(45))
+    h0 = rand(B, HV, k_dim, v_dim, seed=46)
+    do, ds = rand(B, t, HV, v_dim, seed=47), rand(B, HV, k_dim, v_dim, seed=48)
+    inputs = (q, k, v, g, b, w, h0)
+    results = []
+    for dtype, backend in ((torch.float32, "triton"), (torch.float64, "torch")):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in inputs]
+        o, s = CALLS[variant](*leaves[:6], initial_state=leaves[6], output_final_state=True,
+                              use_qk_l2norm_in_kernel=True, chunk_size=16, backend=backend)
+        ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
+        results.append((o, s, leaves))
+    (o, s, got), (o64, s64, want) = results
+    assert_close("o", o, o64)
+    assert_close("final_state", s, s64)
+    for name, a, e in zip(["q", "k", "v", "g", "b", "w", "initial_state"], got, want):
+        if e.grad is None:
+            assert a.grad is None, name
+            continue
+        assert_close(f"d{name}", a.grad, e.grad)

@@ -77,10 +77,10 @@ def _nvidia_tool(name: str) -> str:
 
 
 def _load_registry() -> list:
-    from lamina.kernels import KERNEL_MODULES
+    from lamina.kernels import REPORT_MODULES
     from lamina.kernels._utils import registered_aot
 
-    for module in KERNEL_MODULES:
+    for module in REPORT_MODULES:
         importlib.import_module(module)
     return registered_aot()
 
@@ -240,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="1/1", metavar="K/N",
                         help="compile only the K-th of N parts of the configurations (1 <= K <= N); "
                              "N runs with K = 1..N together compile each configuration once")
+    parser.add_argument("--grid", choices=("default", "full"), default=None,
+                        help="shapes of the registrations that have a grid (the delta-rule family): default (what CI "
+                             "compiles) or full (K in 64..512 x bf16/fp16/fp32, every alternative; long: "
+                             "pass one --arch)")
     parser.add_argument("--from-json", metavar="FILE", nargs="+",
                         help="with --kernels: print the table of one or more reports saved by `--kernels --json` "
                              "(e.g. one per --shard) instead of compiling again (same exit status)")
@@ -280,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "lamina.info", *(argv if argv is not None else sys.argv[1:])]
         return subprocess.run(cmd, env=env).returncode
 
+    if args.grid:  # read by the registering modules when the registry loads (here and in the workers)
+        from lamina.kernels._utils import REPORT_GRID_ENV
+
+        os.environ[REPORT_GRID_ENV] = args.grid
     archs = tuple(int(a) for a in args.arch.split(",") if a)
     bad_arch = [a for a in archs if a not in SHARED_LIMIT_BYTES]
     if bad_arch:

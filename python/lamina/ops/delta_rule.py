@@ -325,7 +325,7 @@ def _refuse_chunk_extras(op: str, return_intermediate_states: bool) -> None:
 
 _COMMON_ARGS = """
     Args (shared; each op has the subset of fla's signature shown above):
-        q, k: ``[B, T, H, K]`` queries and keys (``K <= 256`` with gradients, ``<= 512`` forward only).
+        q, k: ``[B, T, H, K]`` queries and keys, ``K <= 512`` (forward and backward).
         v: ``[B, T, HV, V]`` values, ``HV % H == 0`` (value head j reads q/k head ``j // (HV // H)``),
             in q's dtype.
         g, gk, beta, b, w: gates in q's dtype or float32. The log decays ``g``/``gk`` must be ``<= 0``:

@@ -33,10 +33,9 @@ from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, 
 # Chunk sizes of the kernels (tl.dot needs >= 16; 64 is the default, as in fla).
 CHUNK_SIZES = (16, 32, 64)
 DEFAULT_CHUNK_SIZE = 64
-# Largest key head dim: the backward kernels hold up to 256 (fla's limit too); the forward alone
-# reaches 512 (four 128-row state blocks), so K <= 512 is accepted when no gradient is needed.
-MAX_K_TRAIN = 256
-MAX_K_FORWARD = 512
+# Largest key head dim, forward and backward (fla stops at 256): the forward's state pass holds four
+# 128-row state blocks, the backward's reverse scan keeps dH in memory above K = 256.
+MAX_K = 512
 # Largest value head dim (tiled over programs; bounded to keep the fp32 state per head in check).
 MAX_V = 512
 # fla's l2norm: x / sqrt(sum(x^2) + eps).
@@ -80,8 +79,8 @@ def validate_inputs(
         raise ValueError(f"v: the number of value heads HV={HV} must be a multiple of H={H} (q/k heads)")
     if k.dtype != q.dtype:
         raise ValueError(f"k must have the dtype of q ({q.dtype}), got {k.dtype}")
-    if K > MAX_K_FORWARD or K < 1:
-        raise ValueError(f"q/k head dim K must be in [1, {MAX_K_FORWARD}], got {K}")
+    if K > MAX_K or K < 1:
+        raise ValueError(f"q/k head dim K must be in [1, {MAX_K}], got {K}")
     if V > MAX_V or V < 1:
         raise ValueError(f"v head dim V must be in [1, {MAX_V}], got {V}")
     for name, (x, shape) in gates.items():
@@ -352,9 +351,6 @@ def delta_rule_core(
                          "use backend='torch' for float64")
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
-    if needs_grad and q.shape[-1] > MAX_K_TRAIN:
-        raise ValueError(f"{op}: K={q.shape[-1]} > {MAX_K_TRAIN} is supported for inference only "
-                         "(the backward kernels hold K <= 256)")
     if initial_state is not None:
         initial_state = initial_state.float()
     o, ht, _, v_new = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,

@@ -1,0 +1,214 @@
+"""Static-report registrations of the chunked delta-rule kernels, forward and backward (lamina info --kernels).
+
+Every row is built from the tile functions the launchers call (``key_blocks``, ``prep_key_blocks`` and
+``value_block`` for the forward, ``bwd_tiles`` for the backward), so what the report compiles is what runs.
+
+Two grids of (K = V, activation dtype):
+
+* ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
+  512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
+  ``delta_tuning`` at K = 128, as non-default rows on ``ALTERNATIVE_ARCHS``.
+* ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
+  {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each. Its per-channel
+  forward preparation at K = 512 compiles for about two minutes per configuration, which is why CI
+  does not run it; its results are committed under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+from lamina.kernels._utils import AotSpec, raw_jit, register_aot, report_grid
+from lamina.kernels.delta_chunk_bwd import (
+    DEFAULT_CHUNK_SIZE,
+    NUM_STAGES,
+    NUM_WARPS,
+    BwdTiles,
+    _delta_chunk_bwd_dh_kernel,
+    _delta_chunk_bwd_prep_kernel,
+    bwd_tiles,
+)
+from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
+from lamina.kernels.delta_chunk_common import VARIANT_FLAGS, DecayKind, aligned_attrs, key_blocks, value_block
+from lamina.kernels.delta_chunk_fwd import (
+    CHUNK_SIZE,
+    DOT_PRECISION,
+    OUT_BLOCK_V,
+    PREP_BLOCK_V,
+    SOLVE_BLOCK,
+    _delta_chunk_out_fwd_kernel,
+    _delta_chunk_prep_fwd_kernel,
+    _delta_chunk_scan_fwd_kernel,
+    prep_key_blocks,
+)
+from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning
+
+# (K = V, activation dtype) per direction. The forward's K = 512 is left out of the default grid: its
+# per-channel preparation takes about two minutes to compile per arch, and on sm_80 it and the K = 512
+# state pass kept one spill store (seen with these tiles).
+DEFAULT_GRID = {"fwd": ((128, "bf16"), (256, "bf16")), "bwd": ((128, "bf16"), (512, "bf16"))}
+FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", "fp16", "fp32"))
+# The key dim of the default grid's alternative rows (the common head size).
+ALTERNATIVE_K = 128
+# The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
+TARGETS = {90: True, 80: False}
+
+
+def _shapes(direction: str) -> list[tuple[int, str, bool]]:
+    """(K, dtype, with the alternatives) of the active grid (``report_grid``)."""
+    if report_grid() == "full":
+        return [(K, dtype, True) for K, dtype in FULL_GRID]
+    return [(K, dtype, K == ALTERNATIVE_K) for K, dtype in DEFAULT_GRID[direction]]
+
+
+# ---- forward ----------------------------------------------------------------------------------------
+
+def _fwd_signature(names: dict[str, str], constexprs: dict) -> dict[str, str]:
+    return {**names, **{c: "constexpr" for c in constexprs if c not in names}}
+
+
+def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
+    io = f"*{dtype}"
+    V = K
+    for variant, (decay, erase, write) in VARIANT_FLAGS.items():
+        g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
+        no_gate = {"gcum": None} if decay == DecayKind.NONE else {}
+        BK, NK = key_blocks(K)
+        base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BT": CHUNK_SIZE, "DOT_PREC": DOT_PRECISION,
+                "cu_seqlens": None, "DECAY": decay}
+        label = f"{variant} {dtype} K={K} V={V}"
+
+        BKP, NKP = prep_key_blocks(K, decay)
+        prep_c = {**base, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write,
+                  "SOLVE_BLOCK": SOLVE_BLOCK, **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
+        prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
+                                   "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32",
+                                   "scale": "fp32", "T": "i32"}, prep_c)
+        prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
+        register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
+                             num_warps=8, num_stages=1, meta={"attrs": prep_attrs}))
+        for tuning in (t for t in ALTERNATIVES if alternatives and t.solve_block != SOLVE_BLOCK):
+            register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
+                                 prep_sig, {**prep_c, "SOLVE_BLOCK": tuning.solve_block}, num_warps=8,
+                                 num_stages=1, default=False,
+                                 meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
+
+        scan_names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
+                      "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
+                      "scale": "fp32", "T": "i32"}
+        scan_base = {**base, "BK": BK, "NK": NK, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True,
+                     "SAVE_STATES": True, **no_gate}
+        # the V tile each target runs with; one entry per distinct tile
+        per_arch: dict[int, list[int]] = {}
+        for arch, warpgroup_mma in TARGETS.items():
+            per_arch.setdefault(value_block(K, V, warpgroup_mma=warpgroup_mma), []).append(arch)
+        for BV, archs in per_arch.items():
+            scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": False, "STORE_O": True}
+            scan_sig = _fwd_signature(scan_names, scan_c)
+            meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}
+            if len(per_arch) > 1:
+                meta["archs"] = archs
+            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
+                                 scan_sig, scan_c, num_warps=8, num_stages=1, meta=meta))
+        if not alternatives or not any(t.output_kernel for t in ALTERNATIVES):
+            continue
+        # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
+        # then the output kernel
+        alt = {"default": False, "num_stages": 1}
+        BV = value_block(K, V, warpgroup_mma=TARGETS[ALTERNATIVE_ARCHS[0]])
+        scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": True, "STORE_O": False}
+        scan_sig = _fwd_signature(scan_names, scan_c)
+        register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV} output_kernel=True",
+                             _delta_chunk_scan_fwd_kernel, scan_sig, scan_c, num_warps=8, **alt,
+                             meta={"archs": list(ALTERNATIVE_ARCHS),
+                                   "attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
+        out_c = {**base, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), **no_gate}
+        out_sig = _fwd_signature({"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io,
+                                  "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"},
+                                 out_c)
+        register_aot(AotSpec("delta_chunk_out_fwd", f"{label} BV={out_c['BV']} output_kernel=True",
+                             _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, **alt,
+                             meta={"archs": list(ALTERNATIVE_ARCHS),
+                                   "attrs": aligned_attrs(_delta_chunk_out_fwd_kernel, out_sig)}))
+
+
+# ---- backward ---------------------------------------------------------------------------------------
+
+def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[str, str]:
+    """Argument types as the launcher passes them (a gate that is None is replaced by a tensor of the
+    activations' dtype; per-token partial sums are float32)."""
+    act, f32, i32 = f"*{dtype}", "*fp32", "*i32"
+    types = {
+        "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
+        "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
+        "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
+        "dR_buf": f32, "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
+        "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
+        "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
+    }
+    return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
+
+
+def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
+    """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``."""
+    return {
+        _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
+        _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
+                                         USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
+        _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv),
+    }[fn]
+
+
+def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
+    """Every kernel's default blocks on each target; then, as non-default rows for ``ALTERNATIVE_ARCHS``, the
+    blocks of each backward alternative of ``delta_tuning`` that changes the kernel."""
+    V = K
+    for variant, (decay, erase, write) in VARIANT_FLAGS.items():
+        for fn in (_delta_chunk_bwd_prep_kernel, _delta_chunk_bwd_dh_kernel, _delta_chunk_bwd_dqk_kernel):
+            # the blocks each target runs with; a kernel whose blocks differ gets one entry per target
+            per_arch: dict[tuple, list[int]] = {}
+            for arch, warpgroup_mma in TARGETS.items():
+                per_arch.setdefault(tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, warpgroup_mma)).items()),
+                                    []).append(arch)
+            rows = [(per_arch, "", True, False)]
+            for tuning in (t for t in ALTERNATIVES if alternatives and not t.changes_forward):
+                rows.append((_alternative_blocks(fn, K, V, decay, tuning, per_arch), f" {tuning.label()}", False,
+                             True))
+            for blocks_archs, suffix, default, always_archs in rows:
+                _register_bwd_blocks(fn, variant, K, V, dtype, decay, erase, write, blocks_archs, suffix, default,
+                                     always_archs)
+
+
+def _alternative_blocks(fn, K: int, V: int, decay: int, tuning: DeltaTuning,
+                        defaults: dict[tuple, list[int]]) -> dict[tuple, list[int]]:
+    """The blocks ``tuning`` gives ``fn`` on each of ``ALTERNATIVE_ARCHS`` where they differ from the default."""
+    alternative: dict[tuple, list[int]] = {}
+    for arch in ALTERNATIVE_ARCHS:
+        blocks = tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, TARGETS[arch], tuning)).items())
+        if arch not in defaults.get(blocks, []):
+            alternative.setdefault(blocks, []).append(arch)
+    return alternative
+
+
+def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: int, erase: int, write: int,
+                         per_arch: dict[tuple, list[int]], suffix: str, default: bool, always_archs: bool) -> None:
+    """One report row per distinct set of blocks in ``per_arch`` (blocks -> the targets that run them)."""
+    jit = raw_jit(fn)
+    signature = _bwd_signature(fn, dtype, decay, erase, write)
+    for blocks, archs in per_arch.items():
+        constexprs = dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
+                          IS_VARLEN=False, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", **dict(blocks))
+        label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
+        # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
+        meta = {"attrs": aligned_attrs(jit, signature)}
+        if len(per_arch) > 1 or always_archs:
+            meta["archs"] = archs
+        register_aot(AotSpec(
+            name=jit.__name__, config=f"{variant} {dtype} K={K} V={V} BT={DEFAULT_CHUNK_SIZE} {label}{suffix}",
+            fn=jit, signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            uses_dot=True, default=default, meta=meta,
+        ))
+
+
+for _K, _dtype, _alternatives in _shapes("fwd"):
+    _register_fwd(_K, _dtype, _alternatives)
+for _K, _dtype, _alternatives in _shapes("bwd"):
+    _register_bwd(_K, _dtype, _alternatives)
