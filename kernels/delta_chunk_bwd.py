@@ -91,7 +91,14 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     has_warpgroup_mma,
     scan_block_v,
 )
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, GATE_SCALAR
+from lamina.kernels.delta_chunk_common import (
+    DECAY_CHANNEL,
+    DECAY_SCALAR,
+    GATE_CHANNEL,
+    GATE_SCALAR,
+    DecayKind,
+    GateKind,
+)
 from lamina.kernels.delta_tuning import active_tuning
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
@@ -335,12 +342,12 @@ def _delta_chunk_bwd_dh_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 def _gate_kind(name: str, x: torch.Tensor | None, lead: tuple[int, ...], width: int, wide: str) -> int:
-    """0 for a scalar gate ``[B, T, HV]``, 1 for a per-channel gate ``[B, T, HV, width]``."""
+    """``GateKind.SCALAR`` for a gate ``[B, T, HV]``, ``GateKind.CHANNEL`` for ``[B, T, HV, width]``."""
     check_tensor(name, x)
     if tuple(x.shape) == lead:
-        return 0
+        return GateKind.SCALAR
     check_shape(name, x, (*lead, width), f"[B, T, HV] or [B, T, HV, {wide}]")
-    return 1
+    return GateKind.CHANNEL
 
 
 def delta_chunk_bwd(
@@ -395,9 +402,9 @@ def delta_chunk_bwd(
         raise ValueError(f"q/k head dim K must be <= {MAX_HEAD_DIM_K}, got {K}")
     N = check_cu_seqlens(cu_seqlens, B, T)
     lead = (B, T, HV)
-    decay = 0 if g is None else 1 + _gate_kind("g", g, lead, K, "K")
-    erase = 0 if b is None else _gate_kind("b", b, lead, K, "K")
-    write = 0 if w is None else _gate_kind("w", w, lead, V, "V")
+    decay = DecayKind.NONE if g is None else DecayKind.SCALAR + _gate_kind("g", g, lead, K, "K")
+    erase = GateKind.SCALAR if b is None else _gate_kind("b", b, lead, K, "K")
+    write = GateKind.SCALAR if w is None else _gate_kind("w", w, lead, V, "V")
     BT = chunk_size
     n_chunks, nt, chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, B, T, BT)
     check_tensor("h", h, dtypes=(torch.float32,))
@@ -438,7 +445,7 @@ def delta_chunk_bwd(
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
-    dw = torch.empty_like(w_in) if write == 1 else torch.empty(nv, ntok, HV, **f32)
+    dw = torch.empty_like(w_in) if write == GateKind.CHANNEL else torch.empty(nv, ntok, HV, **f32)
     if tiles.dh_in_memory:  # the scan's dH, starting from the final state's gradient
         dh0 = dht.float().clone() if dfinal_state is not None else torch.zeros(state_shape, **f32)
     else:
@@ -452,8 +459,8 @@ def delta_chunk_bwd(
     nk = cdiv(K, tiles.dqk_bk)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
-    db = torch.empty_like(b_in) if erase == 1 else torch.empty(nk, ntok, HV, **f32)
-    dg = torch.empty_like(g_in) if decay == 2 else torch.empty(nk, ntok, HV, **f32)
+    db = torch.empty_like(b_in) if erase == GateKind.CHANNEL else torch.empty(nk, ntok, HV, **f32)
+    dg = torch.empty_like(g_in) if decay == DecayKind.CHANNEL else torch.empty(nk, ntok, HV, **f32)
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
         q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, scale, T, nt, ntok,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, **dims, **flags, **launch)
@@ -461,8 +468,8 @@ def delta_chunk_bwd(
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)
 
-    dg_out = None if g is None else (dg if decay == 2 else reduce(dg, g))
-    db_out = None if b is None else (db if erase == 1 else reduce(db, b))
-    dw_out = None if w is None else (dw if write == 1 else reduce(dw, w))
+    dg_out = None if g is None else (dg if decay == DecayKind.CHANNEL else reduce(dg, g))
+    db_out = None if b is None else (db if erase == GateKind.CHANNEL else reduce(db, b))
+    dw_out = None if w is None else (dw if write == GateKind.CHANNEL else reduce(dw, w))
     dh0_out = dh0 if initial_state is not None else None
     return dq, dk, dv, dg_out, db_out, dw_out, dh0_out

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from lamina.kernels._utils import cdiv, next_power_of_2
-from lamina.kernels.delta_chunk_common import has_warpgroup_mma  # noqa: F401 - re-exported
+from lamina.kernels.delta_chunk_common import DecayKind, has_warpgroup_mma  # noqa: F401 - re-exported
 from lamina.kernels.delta_tuning import DeltaTuning
 
 # Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
@@ -21,11 +21,15 @@ CHUNK_SIZES = (16, 32, 64)
 DEFAULT_CHUNK_SIZE = 64
 # Widest key dim the backward takes.
 MAX_HEAD_DIM_K = 512
-# Widest key dim whose dH the reverse scan holds in registers, as four [64, BV] fp32 blocks next to
-# [BT, 64] tiles of k and gates. Wider keys keep dH in memory (``BwdTiles.dh_in_memory``): with
-# 128-row blocks the per-channel scan spilled on sm_90 even at K = 128 (one block: 255 registers and
-# 6-17 STL), and a fifth 64-row block would repeat the unrolled code again.
-MAX_REGISTER_SCAN_K = 256
+# Widest key dim whose dH the reverse scan holds in registers by default, as [64, BV] fp32 blocks next
+# to [BT, 64] tiles of k and gates. Wider keys keep dH in memory (``BwdTiles.dh_in_memory``). Static
+# report, sm_90, bf16: at K = 256 (four blocks) Gated DeltaNet's register scan spilled (255 registers,
+# 21 STL) while the in-memory one compiles to 93-145 registers for every variant; 128-row blocks spilled
+# with per-channel decay even at K = 128 (6-17 STL), and a fifth block would repeat the unrolled code.
+MAX_REGISTER_SCAN_K = 128
+# The most key blocks (of 64 rows) the register scan can hold: ``delta_tuning(dh_in_memory=False)`` is
+# honoured up to 4 * 64 = 256.
+MAX_REGISTER_SCAN_BLOCKS = 4
 # Smallest tile side tl.dot accepts.
 MIN_DOT_DIM = 16
 # K and V block of the per-chunk kernels: [BT, 64] fp32 tiles, the size fla's chunk kernels use.
@@ -83,10 +87,11 @@ class BwdTiles(NamedTuple):
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> BwdTiles:
     """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
-    decay kind ``decay`` (0 none, 1 scalar, 2 per channel), on a target with or without warpgroup
+    decay kind ``decay`` (``DecayKind``), on a target with or without warpgroup
     products (``has_warpgroup_mma``). ``tuning``'s value blocks, where set, replace the defaults (capped at
-    V's power of two: a wider block would only hold padding)."""
-    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == 2 else CHUNK_BLOCK)
+    V's power of two: a wider block would only hold padding), and so does its ``dh_in_memory`` (dH stays
+    in memory where the registers cannot hold it)."""
+    bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == DecayKind.CHANNEL else CHUNK_BLOCK)
     wide_mma_sync = not warpgroup_mma and K > MAX_REGISTER_SCAN_K
     tiles = BwdTiles(
         prep_bk=bk_chunk, prep_bv=_pow2_block(V, MMA_SYNC_WIDE_PREP_BLOCK_V if wide_mma_sync else CHUNK_BLOCK),
@@ -97,6 +102,8 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         return tiles
     chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")
               if (value := getattr(tuning, name)) is not None}
+    if tuning.dh_in_memory is not None:
+        chosen["dh_in_memory"] = tuning.dh_in_memory or cdiv(K, tiles.scan_bk) > MAX_REGISTER_SCAN_BLOCKS
     return tiles._replace(**chosen)
 
 

@@ -27,7 +27,14 @@ from lamina.kernels.delta_chunk_bwd import (
     bwd_tiles,
 )
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
-from lamina.kernels.delta_chunk_common import VARIANT_FLAGS, DecayKind, aligned_attrs, key_blocks, value_block
+from lamina.kernels.delta_chunk_common import (
+    VARIANT_FLAGS,
+    DecayKind,
+    GateKind,
+    aligned_attrs,
+    key_blocks,
+    value_block,
+)
 from lamina.kernels.delta_chunk_fwd import (
     CHUNK_SIZE,
     DOT_PRECISION,
@@ -99,7 +106,8 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         # the V tile each target runs with; one entry per distinct tile
         per_arch: dict[int, list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
-            per_arch.setdefault(value_block(K, V, warpgroup_mma=warpgroup_mma), []).append(arch)
+            per_arch.setdefault(value_block(K, V, fp32=dtype == "fp32", warpgroup_mma=warpgroup_mma),
+                                []).append(arch)
         for BV, archs in per_arch.items():
             scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": False, "STORE_O": True}
             scan_sig = _fwd_signature(scan_names, scan_c)
@@ -113,7 +121,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
         # then the output kernel
         alt = {"default": False, "num_stages": 1}
-        BV = value_block(K, V, warpgroup_mma=TARGETS[ALTERNATIVE_ARCHS[0]])
+        BV = value_block(K, V, fp32=dtype == "fp32", warpgroup_mma=TARGETS[ALTERNATIVE_ARCHS[0]])
         scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": True, "STORE_O": False}
         scan_sig = _fwd_signature(scan_names, scan_c)
         register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV} output_kernel=True",
@@ -140,7 +148,8 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
         "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
         "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
-        "dR_buf": f32, "dg": f32, "db": act if erase == 1 else f32, "dw": act if write == 1 else f32,
+        "dR_buf": f32, "dg": f32, "db": act if erase == GateKind.CHANNEL else f32,
+        "dw": act if write == GateKind.CHANNEL else f32,
         "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
         "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
     }

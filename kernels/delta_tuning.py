@@ -11,6 +11,9 @@ tested against the float64 reference under the interpreter):
   every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
   >= 16); None keeps ``bwd_tiles``'s choice for the shape and target.
+* ``dh_in_memory``: where the backward's reverse scan keeps dH. None: ``bwd_tiles``'s choice (registers up
+  to K = 128, memory above); True: in memory at every K (fewer live registers, two more reads and a write
+  of each key block per chunk); False: in registers where they can hold it (K <= 256).
 
 ``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
 benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when
@@ -41,12 +44,15 @@ class DeltaTuning:
     prep_bv: int | None = None
     scan_bv: int | None = None
     dqk_bv: int | None = None
+    dh_in_memory: bool | None = None
 
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
         if not isinstance(self.output_kernel, bool):
             raise ValueError(f"delta_tuning: output_kernel must be a bool, got {self.output_kernel!r}")
+        if self.dh_in_memory is not None and not isinstance(self.dh_in_memory, bool):
+            raise ValueError(f"delta_tuning: dh_in_memory must be None or a bool, got {self.dh_in_memory!r}")
         for name in ("prep_bv", "scan_bv", "dqk_bv"):
             value = getattr(self, name)
             if value is not None and value not in BWD_VALUE_BLOCKS:
@@ -68,10 +74,11 @@ class DeltaTuning:
 
 
 # The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
-# non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, and a wider value block
-# for each backward kernel.
+# non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, a wider value block
+# for each backward kernel, and the reverse scan's dH in memory.
 ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
-                DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32), DeltaTuning(prep_bv=32))
+                DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32), DeltaTuning(prep_bv=32),
+                DeltaTuning(dh_in_memory=True))
 # The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
 ALTERNATIVE_ARCHS = (90,)
 

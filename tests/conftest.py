@@ -49,11 +49,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not any(name in item.nodeid for name in LONG_FIRST))  # stable: the rest keep order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_interp = pytest.mark.skip(reason="needs TRITON_INTERPRET=1 (set automatically when no CUDA device)")
+    skip_slow = pytest.mark.skip(reason="slow under the interpreter (minutes on a CPU): LAMINA_SLOW=1 runs it")
+    run_slow = os.environ.get("LAMINA_SLOW") == "1"
     for item in items:
         if "gpu" in item.keywords and not _HAS_CUDA:
             item.add_marker(skip_gpu)
         if "interpret" in item.keywords and not INTERPRET:
             item.add_marker(skip_interp)
+        if "interpret" in item.keywords and "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
 
 
 # Under pytest-xdist every worker is a process of its own: intra-op threads on top of that oversubscribe

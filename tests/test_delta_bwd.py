@@ -13,6 +13,8 @@ import torch
 from test_delta_bwd_math import chunk_start_states, make_inputs, recurrent_ref
 from tolerances import assert_close
 
+from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
+
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "db", "dw", "dinitial_state")
 # Variant flags (decay, erase, write): decay 0 none / 1 scalar / 2 per-K; erase, write 0 scalar / 1 per-channel.
 DELTANET, GDN, KDA, GDN2 = (0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 1, 1)
@@ -123,25 +125,28 @@ def test_bwd_varlen(kinds):
 @pytest.mark.parametrize("K,V", [(16, 16), (256, 48), (512, 32), (32, 512)])
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_head_dims(kinds, K, V):
-    # the narrowest tiles, and keys past the four register blocks of the scan (K = 512 keeps dH in
-    # memory), values over 32 scan programs; two chunks, the second partial
+    # the narrowest tiles, keys whose scan keeps dH in memory (K = 256, and 512: past the four register
+    # blocks), values over 32 scan programs; two chunks, the second partial
     import lamina.kernels.delta_chunk_bwd as bwd
 
-    assert bwd.bwd_tiles(K, V, kinds[0], False).dh_in_memory == (K > 256)
+    assert bwd.bwd_tiles(K, V, kinds[0], False).dh_in_memory == (K > 128)
     check_case(*build_case(1, 70, 1, 2, K, V, kinds))
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
-    # the reverse scan's in-memory dH (what K > 256 runs) at a small K, varlen, with and without the
-    # final state's gradient and the initial state
-    import lamina.kernels.delta_chunk_bwd_tiles as tiles
+    # the reverse scan's in-memory dH (what K > 128 runs) at a small K, varlen, with and without the
+    # final state's gradient and the initial state, V a multiple of the V block and not
+    import lamina.kernels.delta_chunk_bwd as bwd
+    from lamina.kernels.delta_tuning import delta_tuning
 
-    monkeypatch.setattr(tiles, "MAX_REGISTER_SCAN_K", 16)
-    assert tiles.bwd_tiles(64, 32, kinds[0], False).dh_in_memory
-    check_case(*build_case(1, 100, 2, 2, 64, 32, kinds, seqlens=[70, 1, 29]))
-    check_case(*build_case(2, 40, 2, 2, 64, 32, kinds, init=False, final_grad=False))
+    used = []
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a: used.append(bwd_tiles(*a)) or used[-1])
+    with delta_tuning(dh_in_memory=True):
+        check_case(*build_case(1, 100, 2, 2, 64, 32, kinds, seqlens=[70, 1, 29]))
+        check_case(*build_case(2, 40, 2, 2, 64, 40, kinds, init=False, final_grad=False))
+    assert [t.dh_in_memory for t in used] == [True, True]
 
 
 @pytest.mark.interpret

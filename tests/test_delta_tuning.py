@@ -5,10 +5,13 @@ bad choices raise by name. (The forward's solve alternatives: tests/test_delta_f
 from __future__ import annotations
 
 import pytest
+import torch
 from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case
+from tolerances import assert_close
 
+import lamina
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
-from lamina.kernels.delta_tuning import DeltaTuning, active_tuning, delta_tuning
+from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
 
 # Value blocks other than the defaults at V = 64, K = 64 (prep 64, scan 32, dqk 16).
 BACKWARD_CHOICES = [dict(prep_bv=16, scan_bv=64, dqk_bv=32), dict(prep_bv=32, scan_bv=16, dqk_bv=64)]
@@ -36,6 +39,11 @@ def test_tiles_follow_the_tuning():
     assert chosen == default._replace(scan_bv=64, dqk_bv=32)
     # capped at V's power of two: a block wider than V holds only padding
     assert bwd_tiles(64, 16, 0, True, DeltaTuning(prep_bv=64)).prep_bv == 16
+    # dH in memory on request; in registers on request only where four key blocks hold it
+    assert not default.dh_in_memory and bwd_tiles(128, 128, 2, True, DeltaTuning(dh_in_memory=True)).dh_in_memory
+    assert bwd_tiles(256, 64, 1, True).dh_in_memory
+    assert not bwd_tiles(256, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
+    assert bwd_tiles(512, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
 
 
 def test_nested_choices_and_restore():
@@ -55,9 +63,38 @@ def test_nested_choices_and_restore():
     (dict(solve_block=8), "solve_block must be one of"),
     (dict(scan_bv=48), "scan_bv must be None or one of"),
     (dict(prep_bv=128), "prep_bv must be None or one of"),
+    (dict(dh_in_memory=1), "dh_in_memory must be None or a bool"),
     (dict(block=16), "unknown choices"),
 ])
 def test_bad_choices_raise_by_name(choices, message):
     with pytest.raises(ValueError, match=message), delta_tuning(**choices):
         pass
     assert active_tuning() == DeltaTuning()
+
+
+@pytest.mark.slow
+@pytest.mark.interpret
+@pytest.mark.parametrize("tuning", ALTERNATIVES, ids=lambda t: t.label())
+def test_every_alternative_at_keys_of_512(tuning):
+    """Each alternative through GDN-2's op at K = 512 (forward with saved states, the backward's in-memory
+    scan), every gradient against autograd through the float64 torch path. About a minute each here."""
+    t, k_dim, v_dim = 70, 512, 16
+    gen = lambda seed: torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, t, 2, k_dim, generator=gen(40)), torch.randn(1, t, 2, k_dim, generator=gen(41))
+    v, w = torch.randn(1, t, 4, v_dim, generator=gen(42)), torch.rand(1, t, 4, v_dim, generator=gen(45))
+    g, b = -torch.rand(1, t, 4, k_dim, generator=gen(43)), torch.rand(1, t, 4, k_dim, generator=gen(44))
+    h0 = torch.randn(1, 4, k_dim, v_dim, generator=gen(46))
+    do, ds = torch.randn(1, t, 4, v_dim, generator=gen(47)), torch.randn(1, 4, k_dim, v_dim, generator=gen(48))
+    results = []
+    for dtype, backend, choices in ((torch.float32, "triton", tuning.choices()), (torch.float64, "torch", {})):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
+        with delta_tuning(**choices):
+            o, s = lamina.chunk_gdn2(*leaves[:6], initial_state=leaves[6], output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True, backend=backend)
+            ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
+        results.append((o, s, leaves))
+    (o, s, got), (o64, s64, want) = results
+    assert_close("o", o, o64)
+    assert_close("final_state", s, s64)
+    for name, a, e in zip(["q", "k", "v", "g", "b", "w", "initial_state"], got, want):
+        assert_close(f"d{name}", a.grad, e.grad)
