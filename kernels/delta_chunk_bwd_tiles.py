@@ -27,6 +27,9 @@ MAX_HEAD_DIM_K = 512
 # 21 STL) while the in-memory one compiles to 93-145 registers for every variant; 128-row blocks spilled
 # with per-channel decay even at K = 128 (6-17 STL), and a fifth block would repeat the unrolled code.
 MAX_REGISTER_SCAN_K = 128
+# Widest V block of the in-memory scan with per-channel decay: sm_90, bf16/fp16, K = 256 and 512, a
+# block of 32 spilled (KDA 7 STL, GDN-2 2 STL), so a wider choice of ``delta_tuning`` is capped there.
+MEMORY_SCAN_CHANNEL_MAX_BV = 16
 # The most key blocks (of 64 rows) the register scan can hold: ``delta_tuning(dh_in_memory=False)`` is
 # honoured up to 4 * 64 = 256.
 MAX_REGISTER_SCAN_BLOCKS = 4
@@ -89,8 +92,9 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
     """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
     decay kind ``decay`` (``DecayKind``), on a target with or without warpgroup
     products (``has_warpgroup_mma``). ``tuning``'s value blocks, where set, replace the defaults (capped at
-    V's power of two: a wider block would only hold padding), and so does its ``dh_in_memory`` (dH stays
-    in memory where the registers cannot hold it)."""
+    V's power of two: a wider block would only hold padding; the in-memory scan's with per-channel decay at
+    ``MEMORY_SCAN_CHANNEL_MAX_BV``), and so does its ``dh_in_memory`` (dH stays in memory where the
+    registers cannot hold it)."""
     bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == DecayKind.CHANNEL else CHUNK_BLOCK)
     wide_mma_sync = not warpgroup_mma and K > MAX_REGISTER_SCAN_K
     tiles = BwdTiles(
@@ -104,7 +108,10 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
               if (value := getattr(tuning, name)) is not None}
     if tuning.dh_in_memory is not None:
         chosen["dh_in_memory"] = tuning.dh_in_memory or cdiv(K, tiles.scan_bk) > MAX_REGISTER_SCAN_BLOCKS
-    return tiles._replace(**chosen)
+    tiles = tiles._replace(**chosen)
+    if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
+        tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
+    return tiles
 
 
 def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):

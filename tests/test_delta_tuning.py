@@ -44,6 +44,9 @@ def test_tiles_follow_the_tuning():
     assert bwd_tiles(256, 64, 1, True).dh_in_memory
     assert not bwd_tiles(256, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
+    # a wider scan block is capped where the in-memory scan with per-channel decay spilled
+    assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
+    assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
 
 
 def test_nested_choices_and_restore():
