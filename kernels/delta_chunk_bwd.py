@@ -36,9 +36,9 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    ``[tokens, HV, BT]``), ``U`` and ``P^T dO`` (fp32, the size of ``v``) and ``Qg^T dO`` (fp32, into
    the ``dH`` buffer, the size of ``h``).
 2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
-   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four 64-row key blocks,
-   K <= 256) or, for wider keys, in the float32 ``dinitial_state`` buffer, read and updated one 64-row
-   block at a time.
+   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (64-row key blocks: K <= 128 by
+   default, up to four blocks on request) or in the float32 ``dinitial_state`` buffer, read and updated
+   one 64-row block at a time (``bwd_tiles``'s ``dh_in_memory``: wider keys, and K = 512).
    It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
    writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
 3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): per value head, first the products
@@ -209,7 +209,7 @@ def _delta_chunk_bwd_dh_kernel(
 ):
     # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
     # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128).
-    # DH_IN_MEMORY (wider keys): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
+    # DH_IN_MEMORY (K > 128 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
     # state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
     # dU and updating it after dR; what this program stores there only it reads back (its V columns).
     NKB: tl.constexpr = (K + BK - 1) // BK
