@@ -90,7 +90,7 @@ def test_every_alternative_at_keys_of_512(tuning):
     do, ds = torch.randn(1, t, 4, v_dim, generator=gen(47)), torch.randn(1, 4, k_dim, v_dim, generator=gen(48))
     results = []
     for dtype, backend, choices in ((torch.float32, "triton", tuning.choices()), (torch.float64, "torch", {})):
-        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
         with delta_tuning(**choices):
             o, s = lamina.chunk_gdn2(*leaves[:6], initial_state=leaves[6], output_final_state=True,
                                      use_qk_l2norm_in_kernel=True, backend=backend)
