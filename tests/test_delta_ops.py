@@ -330,13 +330,9 @@ def test_triton_path_rejects_float64():
         lamina.chunk_delta_rule(q, q, torch.randn(B, 4, HV, 16), torch.rand(B, 4, HV), backend="triton")
 
 
-@pytest.mark.grid
-@pytest.mark.interpret
-@pytest.mark.parametrize("variant", ["delta", "gdn2"])
-def test_training_with_keys_of_512(variant):
-    """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan),
-    every gradient against autograd through the float64 torch path."""
-    t, k_dim, v_dim = 20, 512, 16
+def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int, **kwargs) -> None:
+    """The Triton path through the op's autograd (``kwargs`` to the op), output, final state and every
+    gradient against autograd through the float64 torch path, on the same inputs."""
     q, k = rand(B, t, H, k_dim, seed=40), rand(B, t, H, k_dim, seed=41)
     v = rand(B, t, HV, v_dim, seed=42)
     g = -torch.rand(B, t, HV, k_dim, generator=torch.Generator().manual_seed(43))
@@ -344,12 +340,11 @@ def test_training_with_keys_of_512(variant):
     w = torch.rand(B, t, HV, v_dim, generator=torch.Generator().manual_seed(45))
     h0 = rand(B, HV, k_dim, v_dim, seed=46)
     do, ds = rand(B, t, HV, v_dim, seed=47), rand(B, HV, k_dim, v_dim, seed=48)
-    inputs = (q, k, v, g, b, w, h0)
     results = []
     for dtype, backend in ((torch.float32, "triton"), (torch.float64, "torch")):
-        leaves = [x.detach().to(dtype).requires_grad_() for x in inputs]
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
         o, s = CALLS[variant](*leaves[:6], initial_state=leaves[6], output_final_state=True,
-                              use_qk_l2norm_in_kernel=True, chunk_size=16, backend=backend)
+                              use_qk_l2norm_in_kernel=True, backend=backend, **kwargs)
         ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
         results.append((o, s, leaves))
     (o, s, got), (o64, s64, want) = results
@@ -360,3 +355,11 @@ def test_training_with_keys_of_512(variant):
             assert a.grad is None, name
             continue
         assert_close(f"d{name}", a.grad, e.grad)
+
+
+@pytest.mark.grid
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", ["delta", "gdn2"])
+def test_training_with_keys_of_512(variant):
+    """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan)."""
+    check_training_against_float64(variant, 20, 512, 16, chunk_size=16)

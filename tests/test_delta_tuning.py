@@ -5,11 +5,9 @@ bad choices raise by name. (The forward's solve alternatives: tests/test_delta_f
 from __future__ import annotations
 
 import pytest
-import torch
 from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case
-from tolerances import assert_close
+from test_delta_ops import check_training_against_float64
 
-import lamina
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
 from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
 
@@ -79,25 +77,7 @@ def test_bad_choices_raise_by_name(choices, message):
 @pytest.mark.interpret
 @pytest.mark.parametrize("tuning", ALTERNATIVES, ids=lambda t: t.label())
 def test_every_alternative_at_keys_of_512(tuning):
-    """Each alternative through GDN-2's op at K = 512 (forward with saved states, the backward's in-memory
-    scan), every gradient against autograd through the float64 torch path. About a minute each here."""
-    t, k_dim, v_dim = 70, 512, 16
-    gen = lambda seed: torch.Generator().manual_seed(seed)
-    q, k = torch.randn(1, t, 2, k_dim, generator=gen(40)), torch.randn(1, t, 2, k_dim, generator=gen(41))
-    v, w = torch.randn(1, t, 4, v_dim, generator=gen(42)), torch.rand(1, t, 4, v_dim, generator=gen(45))
-    g, b = -torch.rand(1, t, 4, k_dim, generator=gen(43)), torch.rand(1, t, 4, k_dim, generator=gen(44))
-    h0 = torch.randn(1, 4, k_dim, v_dim, generator=gen(46))
-    do, ds = torch.randn(1, t, 4, v_dim, generator=gen(47)), torch.randn(1, 4, k_dim, v_dim, generator=gen(48))
-    results = []
-    for dtype, backend, choices in ((torch.float32, "triton", tuning.choices()), (torch.float64, "torch", {})):
-        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
-        with delta_tuning(**choices):
-            o, s = lamina.chunk_gdn2(*leaves[:6], initial_state=leaves[6], output_final_state=True,
-                                     use_qk_l2norm_in_kernel=True, backend=backend)
-            ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
-        results.append((o, s, leaves))
-    (o, s, got), (o64, s64, want) = results
-    assert_close("o", o, o64)
-    assert_close("final_state", s, s64)
-    for name, a, e in zip(["q", "k", "v", "g", "b", "w", "initial_state"], got, want):
-        assert_close(f"d{name}", a.grad, e.grad)
+    """Each alternative through GDN-2's op at K = 512 over two chunks (forward with saved states, the
+    backward's in-memory scan) against the float64 torch path. About 40 s each here."""
+    with delta_tuning(**tuning.choices()):
+        check_training_against_float64("gdn2", 70, 512, 16)

@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="1/1", metavar="K/N",
                         help="compile only the K-th of N parts of the configurations (1 <= K <= N); "
                              "N runs with K = 1..N together compile each configuration once")
-    parser.add_argument("--grid", choices=("default", "full"), default=None,
+    from lamina.kernels._utils import REPORT_GRID_ENV, REPORT_GRIDS
+
+    parser.add_argument("--grid", choices=REPORT_GRIDS, default=None,
                         help="shapes of the registrations that have a grid (the delta-rule family): default (what CI "
                              "compiles) or full (K in 64..512 x bf16/fp16/fp32, every alternative; long: "
                              "pass one --arch)")
@@ -285,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(cmd, env=env).returncode
 
     if args.grid:  # read by the registering modules when the registry loads (here and in the workers)
-        from lamina.kernels._utils import REPORT_GRID_ENV
-
         os.environ[REPORT_GRID_ENV] = args.grid
     archs = tuple(int(a) for a in args.arch.split(",") if a)
     bad_arch = [a for a in archs if a not in SHARED_LIMIT_BYTES]
