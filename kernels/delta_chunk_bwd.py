@@ -67,7 +67,6 @@ from lamina._validate import check_cu_seqlens, check_shape, check_tensor
 from lamina.kernels._utils import cdiv
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
-    chunk_bounds,
     gated_gram,
     load_gate,
     load_rows,
@@ -80,30 +79,33 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     unit_lower_inverse,
 )
 from lamina.kernels.delta_chunk_bwd_tiles import (
-    CHUNK_SIZES,
-    DEFAULT_CHUNK_SIZE,
-    MAX_HEAD_DIM_K,
     NUM_STAGES,
     NUM_WARPS,
     BwdTiles,
     bwd_tiles,
-    chunk_layout,
     has_warpgroup_mma,
     scan_block_v,
 )
 from lamina.kernels.delta_chunk_common import (
+    CHUNK_SIZES,
     DECAY_CHANNEL,
     DECAY_SCALAR,
+    DEFAULT_CHUNK_SIZE,
     GATE_CHANNEL,
     GATE_SCALAR,
+    MAX_K,
     DecayKind,
     GateKind,
+    chunk_bounds,
+    chunk_indices,
+    first_chunk,
+    seq_bounds,
 )
 from lamina.kernels.delta_tuning import active_tuning
 
 # Public names, including the configuration that lives in kernels/delta_chunk_bwd_tiles.py.
-__all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_HEAD_DIM_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
-           "bwd_tiles", "chunk_layout", "delta_chunk_bwd", "has_warpgroup_mma", "scan_block_v"]
+__all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
+           "bwd_tiles", "delta_chunk_bwd", "has_warpgroup_mma", "scan_block_v"]
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -219,16 +221,12 @@ def _delta_chunk_bwd_dh_kernel(
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // (HV // H)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
         n_chunks = tl.cdiv(eos - bos, BT).to(tl.int32)
-        first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
         n_chunks = NT
-        first_chunk = i_n.to(tl.int64) * NT
+    c0 = first_chunk(chunk_offsets, i_n, NT, IS_VARLEN)
     DT = k.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -251,7 +249,7 @@ def _delta_chunk_bwd_dh_kernel(
             dh_3 = state_block_io(dht, head_state, 3 * BK, o_k, o_v, dh_3, K, V, True)
 
     for i_t in range(n_chunks - 1, -1, -1):
-        chunk_state = ((first_chunk + i_t) * HV + i_hv) * (K * V)
+        chunk_state = ((c0 + i_t) * HV + i_hv) * (K * V)
         t0 = bos + i_t * BT
         L = eos - t0
         # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
@@ -398,15 +396,16 @@ def delta_chunk_bwd(
         check_shape("dv_new", dv_new, v.shape, "like v")
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
-    if K > MAX_HEAD_DIM_K:
-        raise ValueError(f"q/k head dim K must be <= {MAX_HEAD_DIM_K}, got {K}")
+    if K > MAX_K:
+        raise ValueError(f"q/k head dim K must be <= {MAX_K}, got {K}")
     N = check_cu_seqlens(cu_seqlens, B, T)
     lead = (B, T, HV)
     decay = DecayKind.NONE if g is None else DecayKind.SCALAR + _gate_kind("g", g, lead, K, "K")
     erase = GateKind.SCALAR if b is None else _gate_kind("b", b, lead, K, "K")
     write = GateKind.SCALAR if w is None else _gate_kind("w", w, lead, V, "V")
     BT = chunk_size
-    n_chunks, nt, chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, B, T, BT)
+    index = chunk_indices(cu_seqlens, B, T, BT)
+    n_chunks, nt = index.total, index.per_sequence
     check_tensor("h", h, dtypes=(torch.float32,))
     check_shape("h", h, (n_chunks, HV, K, V), "chunk-start states [total_chunks, HV, K, V]")
     state_shape = (N, HV, K, V)
@@ -429,9 +428,7 @@ def delta_chunk_bwd(
     flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
                  DOT_PRECISION=precision)
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
-    cu = cu_seqlens if cu_seqlens is not None else q
-    idx = chunk_indices if chunk_indices is not None else q
-    offs = chunk_offsets if chunk_offsets is not None else q
+    cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 
     A_buf = torch.empty(ntok, HV, BT, **f32)
     U_buf = torch.empty(ntok, HV, V, **f32)

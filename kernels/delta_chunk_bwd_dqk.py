@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from lamina.kernels.delta_chunk_bwd_parts import (
-    chunk_bounds,
     gated_intra_grads,
     load_gate,
     load_rows,
@@ -22,7 +21,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     row_of,
     rows_gram,
 )
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL, chunk_bounds
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])

@@ -2,7 +2,6 @@
 
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
-* ``chunk_bounds``: which sequence and which tokens a chunk program covers (dense or varlen).
 * ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile``: a ``[BT, BC]`` tile of a
   ``[tokens, heads, C]`` tensor, masked to the chunk (plain pointers: no block pointers, which
   Triton 3.9 removed).
@@ -25,22 +24,6 @@ import triton
 import triton.language as tl
 
 from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL
-
-
-@triton.jit
-def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr):
-    """Sequence index, chunk index inside it, first token (int64) and end token of global chunk ``i_c``."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        i_n = (i_c // NT).to(tl.int64)
-        i_t = (i_c % NT).to(tl.int64)
-        bos = i_n * T
-        eos = bos + T
-    return i_n, i_t, bos, eos
 
 
 @triton.jit
@@ -256,7 +239,7 @@ def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.con
 
 
 __all__ = [
-    "chunk_bounds", "tile_ptrs", "load_tile", "store_tile", "load_rows", "load_vec", "load_gate", "row_of", "col_of",
+    "tile_ptrs", "load_tile", "store_tile", "load_rows", "load_vec", "load_gate", "row_of", "col_of",
     "rows_gram", "gated_gram", "gated_intra_grads", "unit_lower_inverse", "scan_operands", "state_tile_ptrs",
     "load_state_tile", "swap_state_block", "state_block_io",
 ]

@@ -1,26 +1,18 @@
 """Tile and launch configuration of the chunked delta-rule backward (kernels/delta_chunk_bwd.py).
 
-The chunk sizes and head dims the kernels accept, the warps and stages they run with, the key/value
-blocks of each kernel (``bwd_tiles``, used by the launcher and by the static report alike) and the
-chunk bookkeeping of a (varlen) batch.
+The warps and stages the kernels run with and the key/value blocks of each kernel (``bwd_tiles``, used
+by the launcher and by the static report alike). Chunk sizes, head-dim limits and the chunk index are
+the family's, in kernels/delta_chunk_common.py.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
-
 from lamina.kernels._utils import cdiv, next_power_of_2
-from lamina.kernels.delta_chunk_common import DecayKind, has_warpgroup_mma  # noqa: F401 - re-exported
+from lamina.kernels.delta_chunk_common import MAX_K, DecayKind, has_warpgroup_mma  # noqa: F401 - re-exported
 from lamina.kernels.delta_tuning import DeltaTuning
 
-# Chunk sizes the kernels accept: tl.dot needs every dimension >= 16, and the [BT, BT] fp32 tiles of
-# 128 would not fit in registers next to the rest.
-CHUNK_SIZES = (16, 32, 64)
-DEFAULT_CHUNK_SIZE = 64
-# Widest key dim the backward takes.
-MAX_HEAD_DIM_K = 512
 # Widest key dim whose dH the reverse scan holds in registers by default, as [64, BV] fp32 blocks next
 # to [BT, 64] tiles of k and gates. Wider keys keep dH in memory (``BwdTiles.dh_in_memory``). Static
 # report, sm_90, bf16: at K = 256 (four blocks) Gated DeltaNet's register scan spilled (255 registers,
@@ -72,7 +64,7 @@ def _pow2_block(n: int, cap: int) -> int:
 
 def scan_block_v(K: int, V: int) -> int:
     """V block of the reverse scan for key dim ``K``: ``BK * BV <= SCAN_TILE_ELEMENTS``."""
-    bk = _pow2_block(K, MAX_HEAD_DIM_K)
+    bk = _pow2_block(K, MAX_K)
     return _pow2_block(V, max(MIN_DOT_DIM, min(SCAN_MAX_BV, SCAN_TILE_ELEMENTS // bk)))
 
 
@@ -113,23 +105,3 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
     if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
         tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
     return tiles
-
-
-def chunk_layout(cu_seqlens: torch.Tensor | None, batch: int, T: int, chunk_size: int):
-    """Chunk bookkeeping: ``(total_chunks, chunks_per_sequence, chunk_indices, chunk_offsets)``.
-
-    Dense: ``B * ceil(T / BT)`` chunks, b-major, and no index tensors. Varlen: ``chunk_indices [NC, 2]``
-    (sequence, chunk inside it) and ``chunk_offsets [N + 1]`` (first chunk of each sequence), int32.
-    """
-    if cu_seqlens is None:
-        nt = cdiv(T, chunk_size)
-        return batch * nt, nt, None, None
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    counts = (lens + chunk_size - 1) // chunk_size
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=cu_seqlens.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    total = int(offsets[-1].item())
-    seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
-    local = torch.arange(total, device=cu_seqlens.device) - offsets[:-1][seq]
-    indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
-    return total, 0, indices, offsets.to(torch.int32)

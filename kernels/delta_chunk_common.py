@@ -1,8 +1,8 @@
 """Pieces shared by the chunked delta-rule forward and backward kernels.
 
-* ``ChunkIndex`` / ``chunk_indices``: which chunk of which sequence each program handles,
-  with the same chunk numbering in both directions (the ``h`` tensor of chunk-start states
-  is indexed by it).
+* ``ChunkIndex`` / ``chunk_indices`` (host) and ``chunk_bounds`` / ``seq_bounds`` (``@triton.jit``):
+  which chunk of which sequence each program handles, with the same chunk numbering in both
+  directions (the ``h`` tensor of chunk-start states is indexed by it).
 * ``DecayKind`` / ``GateKind``: the compile-time flags of the kernel family, read off the
   shapes of ``g``, ``b`` and ``w``.
 * Tile sizes that both directions agree on, each with its reason.
@@ -16,23 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
+from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V  # noqa: F401 - the family's limits
 from lamina.kernels._utils import cdiv, next_power_of_2
-
-# Tokens per chunk. 64 is what fla and the KDA/GDN-2 papers use: the 64x64 triangular solve
-# fits one program, and the state pass does T/64 sequential steps. 16 and 32 are allowed for
-# small models and for tests.
-CHUNK_SIZE = 64
-ALLOWED_CHUNK_SIZES = (16, 32, 64)
 
 # Diagonal sub-block length inside a chunk. tl.dot needs every dim >= 16, and per-channel
 # decay is made safe by taking exponents relative to a row inside the same 16-token block.
 SUB_BLOCK = 16
 SUB_BLOCK_C = tl.constexpr(SUB_BLOCK)  # the same, readable inside @triton.jit code
-
-# Largest key dim held in registers by the state pass: four K-blocks of at most 128 rows.
-MAX_K = 512
-# Largest value dim (tiled over programs, so only memory bounds it; kept equal to fla's).
-MAX_V = 512
 
 # K-block rows of one state accumulator. 64 x 64 fp32 over 4 warps is 32 registers a thread;
 # K = 512 uses four 128-row blocks with a narrow V tile instead.
@@ -124,42 +114,35 @@ def value_block(K: int, V: int, fp32: bool = False, warpgroup_mma: bool = True) 
 class ChunkIndex(NamedTuple):
     """Chunk numbering shared by forward and backward.
 
-    ``offsets [N + 1]`` (int32, on the device): chunks before sequence ``n``;
-    ``indices [total, 2]`` (int32, on the device): (sequence, chunk within it) of each chunk;
-    ``total``: number of chunks, ``sum_n ceil(T_n / chunk_size)``.
-    Without ``cu_seqlens`` the chunks are ``B * ceil(T / chunk_size)``, ordered b-major.
+    ``total``: number of chunks, ``sum_n ceil(T_n / chunk_size)``. Dense (no ``cu_seqlens``): the chunks
+    are ``B * per_sequence``, b-major, and the kernels derive (sequence, chunk) from the program id, so
+    ``offsets`` and ``indices`` are None. Varlen: ``offsets [N + 1]`` (int32, on the device) counts the
+    chunks before sequence ``n``, ``indices [total, 2]`` (int32) holds (sequence, chunk within it) of
+    each chunk, and ``per_sequence`` is 0.
     """
 
-    offsets: torch.Tensor
-    indices: torch.Tensor
+    offsets: torch.Tensor | None
+    indices: torch.Tensor | None
     total: int
+    per_sequence: int
 
 
-def chunk_indices(
-    cu_seqlens: torch.Tensor | None,
-    batch: int,
-    seqlen: int,
-    chunk_size: int,
-    device: torch.device | None = None,
-) -> ChunkIndex:
-    """Chunk offsets per sequence and (sequence, chunk) pairs; ``cu_seqlens [N + 1]`` or ``batch x seqlen``."""
+def chunk_indices(cu_seqlens: torch.Tensor | None, batch: int, seqlen: int, chunk_size: int) -> ChunkIndex:
+    """The ``ChunkIndex`` of ``cu_seqlens [N + 1]`` or of ``batch`` sequences of ``seqlen`` tokens."""
     if cu_seqlens is None:
         nt = cdiv(seqlen, chunk_size)
-        offsets = torch.arange(0, batch + 1, dtype=torch.int32, device=device) * nt
-        seq = torch.arange(batch, dtype=torch.int32, device=device).repeat_interleave(nt)
-        within = torch.arange(nt, dtype=torch.int32, device=device).repeat(batch)
-        return ChunkIndex(offsets, torch.stack([seq, within], 1), batch * nt)
+        return ChunkIndex(None, None, batch * nt, nt)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
     counts = (lens + chunk_size - 1) // chunk_size
-    offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+    offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0))
     total = int(offsets[-1].item())
     seq = torch.repeat_interleave(torch.arange(counts.numel(), device=cu_seqlens.device), counts)
-    within = torch.arange(total, device=cu_seqlens.device) - offsets.to(torch.int64)[seq]
-    return ChunkIndex(offsets, torch.stack([seq, within], 1).to(torch.int32), total)
+    within = torch.arange(total, device=cu_seqlens.device) - offsets[seq]
+    return ChunkIndex(offsets.to(torch.int32), torch.stack([seq, within], 1).to(torch.int32), total, 0)
 
 
 @triton.jit
-def _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+def seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
     """(bos, eos) as int64 token indices of sequence ``i_n`` in the packed [B*T] token axis."""
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -168,6 +151,33 @@ def _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
         bos = i_n.to(tl.int64) * T
         eos = bos + T
     return bos, eos
+
+
+@triton.jit
+def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr):
+    """Sequence, chunk inside it, first token and end token (int64) of chunk ``i_c`` of ``chunk_indices``
+    (dense: ``NT`` chunks per sequence, b-major)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+    else:
+        # chunk counts fit int32: a 32-bit division (a 64-bit one costs registers the prep kernel lacks)
+        c = i_c.to(tl.int32)
+        n = c // NT
+        i_n = n.to(tl.int64)
+        i_t = (c - n * NT).to(tl.int64)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    return i_n, i_t, bos, eos
+
+
+@triton.jit
+def first_chunk(chunk_offsets, i_n, NT, IS_VARLEN: tl.constexpr):
+    """Index (int64) of sequence ``i_n``'s first chunk."""
+    if IS_VARLEN:
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        c0 = i_n.to(tl.int64) * NT
+    return c0
 
 
 @triton.jit

@@ -35,9 +35,9 @@ import triton.language as tl
 
 from lamina.kernels._utils import autotune, cdiv, next_power_of_2
 from lamina.kernels.delta_chunk_common import (
-    CHUNK_SIZE,
     DECAY_CHANNEL,
     DECAY_SCALAR,
+    DEFAULT_CHUNK_SIZE,
     GATE_SCALAR,
     MIN_BLOCK,
     SUB_BLOCK_C,
@@ -46,15 +46,17 @@ from lamina.kernels.delta_chunk_common import (
     _load_state,
     _masked_exp,
     _row_ptrs,
-    _seq_bounds,
     _state_ptrs,
     _store_state,
     _vec_ptrs,
+    chunk_bounds,
     chunk_indices,
     decay_kind,
+    first_chunk,
     gate_kind,
     has_warpgroup_mma,
     key_blocks,
+    seq_bounds,
     value_block,
 )
 from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
@@ -90,22 +92,12 @@ SOLVE_BLOCK = DeltaTuning().solve_block
 # ----------------------------------------------------------------------------------------------
 # 1. per-chunk preparation
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _chunk_of(chunk_idx, cu_seqlens, i_c, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Chunk ``i_c`` of ``chunk_indices``: (its first token in the packed token axis, its start inside its
-    sequence, the sequence's length), int64."""
-    i_n = tl.load(chunk_idx + i_c * 2).to(tl.int64)
-    t0 = tl.load(chunk_idx + i_c * 2 + 1).to(tl.int64) * BT
-    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
-    return bos + t0, t0, eos - bos
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
     gcum, wy, u, aqk,
-    cu_seqlens, chunk_idx,
-    scale, T,
+    cu_seqlens, chunk_indices,
+    scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr,
@@ -117,7 +109,9 @@ def _delta_chunk_prep_fwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     i_c, i_hv = pid // HV, pid % HV
     i_h = i_hv // (HV // H)
-    tok0, t0, seqlen = _chunk_of(chunk_idx, cu_seqlens, i_c, T, BT, IS_VARLEN)
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    t0 = i_t * BT
+    tok0, seqlen = bos + t0, eos - bos
     o_t = tl.arange(0, BT)
     m_t = (t0 + o_t) < seqlen
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
@@ -307,12 +301,12 @@ def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_
     return b_s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_scan_fwd_kernel(
     q, k, gcum, wy, u, aqk,
     h0, o, ht, h, vnew,
     cu_seqlens, chunk_offsets,
-    scale, T,
+    scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -325,9 +319,9 @@ def _delta_chunk_scan_fwd_kernel(
     i_v, i_nh = pid % NV, pid // NV
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
-    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     seqlen = eos - bos
-    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    c0 = first_chunk(chunk_offsets, i_n, NT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -402,11 +396,11 @@ def _delta_chunk_scan_fwd_kernel(
             _store_state(ht, i_n, b_s3, i_hv, 3, o_v, HV, K, V, BK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_out_fwd_kernel(
     q, gcum, h, vnew, aqk, o,
-    cu_seqlens, chunk_idx,
-    scale, T,
+    cu_seqlens, chunk_indices,
+    scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -418,7 +412,9 @@ def _delta_chunk_out_fwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     i_c, i_hv = pid // HV, pid % HV
     i_h = i_hv // (HV // H)
-    tok0, t0, seqlen = _chunk_of(chunk_idx, cu_seqlens, i_c, T, BT, IS_VARLEN)
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    t0 = i_t * BT
+    tok0, seqlen = bos + t0, eos - bos
     o_t = tl.arange(0, BT)
     m_t = (t0 + o_t) < seqlen
     o_v = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -483,7 +479,7 @@ def delta_chunk_fwd(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     save_states: bool = True,
     output_v_new: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -509,7 +505,7 @@ def delta_chunk_fwd(
     BT = chunk_size
     q, k, v, g, b, w = (_contig(x) for x in (q, k, v, g, b, w))
     initial_state = _contig(initial_state)
-    index = chunk_indices(cu_seqlens, B, T, BT, device=q.device)
+    index = chunk_indices(cu_seqlens, B, T, BT)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     flags = _flags(g, b, w)
     BK, NK = key_blocks(K)
@@ -522,7 +518,7 @@ def delta_chunk_fwd(
     if index.total > 0:
         BKP, NKP = prep_key_blocks(K, flags["DECAY"])
         _prep_fwd[(index.total * HV,)](
-            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T,
+            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             **{**common, "BK": BKP, "NK": NKP})
@@ -537,12 +533,13 @@ def delta_chunk_fwd(
     if N * HV > 0:
         _scan_fwd[(N * HV * cdiv(V, BV),)](
             q, k, gcum, wy, u, aqk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
+            index.per_sequence,
             BV=BV, DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states or separate,
             STORE_V_NEW=output_v_new or separate, STORE_O=not separate, **common)
     if separate and index.total > 0:
         bv_out = min(OUT_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
         _out_fwd[(index.total * HV, cdiv(V, bv_out))](
-            q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, BV=bv_out, DECAY=flags["DECAY"],
-            **common)
+            q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
+            DECAY=flags["DECAY"], **common)
     return o, ht, (h if save_states else None), (v_new if output_v_new else None)

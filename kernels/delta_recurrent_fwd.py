@@ -23,8 +23,8 @@ from lamina.kernels.delta_chunk_common import (
     STATE_TILE_ELEMS,
     VARIANT_FLAGS,
     DecayKind,
-    _seq_bounds,
     aligned_attrs,
+    seq_bounds,
 )
 from lamina.kernels.delta_chunk_fwd import _contig, _flags, _warps_stages
 
@@ -103,7 +103,7 @@ def _delta_recurrent_fwd_kernel(
     i_v, i_nh = pid % NV, pid // NV
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
-    bos, eos = _seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K

@@ -36,7 +36,6 @@ from lamina.kernels.delta_chunk_common import (
     value_block,
 )
 from lamina.kernels.delta_chunk_fwd import (
-    CHUNK_SIZE,
     DOT_PRECISION,
     OUT_BLOCK_V,
     PREP_BLOCK_V,
@@ -79,16 +78,18 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
         no_gate = {"gcum": None} if decay == DecayKind.NONE else {}
         BK, NK = key_blocks(K)
-        base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BT": CHUNK_SIZE, "DOT_PREC": DOT_PRECISION,
-                "cu_seqlens": None, "DECAY": decay}
+        # dense: cu_seqlens and the chunk index tensors are None (ChunkIndex), so compile-time constants
+        base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BT": DEFAULT_CHUNK_SIZE,
+                "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
         BKP, NKP = prep_key_blocks(K, decay)
         prep_c = {**base, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write,
-                  "SOLVE_BLOCK": SOLVE_BLOCK, **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
+                  "SOLVE_BLOCK": SOLVE_BLOCK, "chunk_indices": None,
+                  **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
         prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
-                                   "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_idx": "*i32",
-                                   "scale": "fp32", "T": "i32"}, prep_c)
+                                   "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
+                                   "scale": "fp32", "T": "i32", "NT": "i32"}, prep_c)
         prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
         register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
                              num_warps=8, num_stages=1, meta={"attrs": prep_attrs}))
@@ -99,10 +100,10 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
         scan_names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                      "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "*i32",
-                      "scale": "fp32", "T": "i32"}
+                      "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr",
+                      "chunk_offsets": "constexpr", "scale": "fp32", "T": "i32", "NT": "i32"}
         scan_base = {**base, "BK": BK, "NK": NK, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True,
-                     "SAVE_STATES": True, **no_gate}
+                     "SAVE_STATES": True, "chunk_offsets": None, **no_gate}
         # the V tile each target runs with; one entry per distinct tile
         per_arch: dict[int, list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
@@ -128,9 +129,10 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                              _delta_chunk_scan_fwd_kernel, scan_sig, scan_c, num_warps=8, **alt,
                              meta={"archs": list(ALTERNATIVE_ARCHS),
                                    "attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
-        out_c = {**base, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), **no_gate}
+        out_c = {**base, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), "chunk_indices": None, **no_gate}
         out_sig = _fwd_signature({"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io,
-                                  "cu_seqlens": "constexpr", "chunk_idx": "*i32", "scale": "fp32", "T": "i32"},
+                                  "cu_seqlens": "constexpr", "chunk_indices": "constexpr", "scale": "fp32",
+                                  "T": "i32", "NT": "i32"},
                                  out_c)
         register_aot(AotSpec("delta_chunk_out_fwd", f"{label} BV={out_c['BV']} output_kernel=True",
                              _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, **alt,
@@ -140,17 +142,20 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
 
 # ---- backward ---------------------------------------------------------------------------------------
 
+# Pointer arguments that are None in a dense launch (no cu_seqlens, ChunkIndex without tensors).
+_DENSE_NONE = ("cu_seqlens", "chunk_indices", "chunk_offsets")
+
+
 def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[str, str]:
     """Argument types as the launcher passes them (a gate that is None is replaced by a tensor of the
-    activations' dtype; per-token partial sums are float32)."""
-    act, f32, i32 = f"*{dtype}", "*fp32", "*i32"
+    activations' dtype; per-token partial sums are float32; dense, so the offsets and chunk index are None)."""
+    act, f32 = f"*{dtype}", "*fp32"
     types = {
         "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
         "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
         "dR_buf": f32, "dg": f32, "db": act if erase == GateKind.CHANNEL else f32,
         "dw": act if write == GateKind.CHANNEL else f32,
-        "cu_seqlens": i32, "chunk_indices": i32, "chunk_offsets": i32,
         "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
     }
     return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
@@ -204,7 +209,8 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
     signature = _bwd_signature(fn, dtype, decay, erase, write)
     for blocks, archs in per_arch.items():
         constexprs = dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
-                          IS_VARLEN=False, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", **dict(blocks))
+                          IS_VARLEN=False, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", **dict(blocks),
+                          **{name: None for name in _DENSE_NONE if name in jit.arg_names})
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
         meta = {"attrs": aligned_attrs(jit, signature)}

@@ -13,6 +13,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from lamina._delta_spec import CHUNK_SIZES
+
 CHUNK_DELTA_OPS = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "chunk_gdn2")
 RECURRENT_DELTA_OPS = ("fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule", "fused_recurrent_kda",
                        "fused_recurrent_gdn2")
@@ -24,7 +26,6 @@ OPS = (*KERNEL_OPS, *LAYER_OPS)
 GROUPS = {"all": OPS, "delta": DELTA_OPS, "kernels": KERNEL_OPS, "layers": LAYER_OPS}
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
-CHUNK_SIZES = (16, 32, 64)
 
 
 @dataclass(frozen=True)

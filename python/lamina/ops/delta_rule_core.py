@@ -27,17 +27,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V
 from lamina._dispatch import select_backend
 from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_shape, check_tensor
 
-# Chunk sizes of the kernels (tl.dot needs >= 16; 64 is the default, as in fla).
-CHUNK_SIZES = (16, 32, 64)
-DEFAULT_CHUNK_SIZE = 64
-# Largest key head dim, forward and backward (fla stops at 256): the forward's state pass holds four
-# 128-row state blocks, the backward's reverse scan keeps dH in memory above K = 256.
-MAX_K = 512
-# Largest value head dim (tiled over programs; bounded to keep the fp32 state per head in check).
-MAX_V = 512
 # fla's l2norm: x / sqrt(sum(x^2) + eps).
 L2NORM_EPS = 1e-6
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
