@@ -22,8 +22,8 @@ from tolerances import assert_close
 
 import lamina
 from lamina.kernels._utils import MAX_GRID_YZ
-from lamina.kernels.delta_chunk_bwd_parts import chunk_bounds, tile_ptrs
-from lamina.kernels.delta_chunk_common import _row_ptrs, _seq_bounds, _state_ptrs, _vec_ptrs
+from lamina.kernels.delta_chunk_bwd_parts import tile_ptrs
+from lamina.kernels.delta_chunk_common import _row_ptrs, _state_ptrs, _vec_ptrs, chunk_bounds, seq_bounds
 from lamina.reference import delta_rule_family_recurrent_ref
 
 INT32_MAX = 2**31 - 1
@@ -39,7 +39,7 @@ def _offsets_probe(out, i_n, i_c, T, NT, HEAD, NHEADS: tl.constexpr, D: tl.const
     zero = (i_n * 0).to(tl.int64)
     rows = tl.arange(0, BT)
     cols = tl.arange(0, D)
-    bos, _ = _seq_bounds(out, i_n, T, False)
+    bos, _ = seq_bounds(out, i_n, T, False)
     tl.store(out + rows[:, None] * D + cols[None, :], _row_ptrs(zero, bos, rows, HEAD, NHEADS, D, cols))
     tl.store(out + BT * D + rows, _vec_ptrs(zero, bos, rows, HEAD, NHEADS))
     _, _, bos_c, _ = chunk_bounds(i_c, out, out, T, NT, False)
