@@ -34,7 +34,7 @@ CACHE_BLOCK_ELEMENTS = 1 << 17
 # products are contiguous bmm calls at 110-190 GFLOP/s; the batched LAPACK solve
 # (torch.linalg.solve_triangular) runs one small trsm per matrix: 2.1 ms against 0.8-1.1 ms for the
 # blocked form at 128-256 chunk-heads, C = 32-64, 128 right-hand sides (2 threads). Blocks of 32 are
-# slower (1.6-3x: five squarings of 32 x 32 instead of three of 16 x 16).
+# slower (1.9-4.5x: four squarings of 32 x 32 instead of three of 16 x 16).
 SOLVE_BLOCK = 16
 
 
