@@ -222,6 +222,8 @@ def _delta_chunk_bwd_dh_kernel(
     i_hv = i_nh % HV
     i_h = i_hv // (HV // H)
     bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    # Dense: the launcher's NT, not a count from eos - bos (which spilled the scan_bv=32 alternative at
+    # K = 128 on sm_90: 6 STL).
     if IS_VARLEN:
         n_chunks = tl.cdiv(eos - bos, BT).to(tl.int32)
     else:
