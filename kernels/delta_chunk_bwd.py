@@ -36,9 +36,10 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    ``[tokens, HV, BT]``), ``U`` and ``P^T dO`` (fp32, the size of ``v``) and ``Qg^T dO`` (fp32, into
    the ``dH`` buffer, the size of ``h``).
 2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
-   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (64-row key blocks: K <= 128 by
-   default, up to four blocks on request) or in the float32 ``dinitial_state`` buffer, read and updated
-   one 64-row block at a time (``bwd_tiles``'s ``dh_in_memory``: wider keys, and K = 512).
+   ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four key blocks: 16-bit
+   activations with K <= 128 by default, more on request) or in the float32 ``dinitial_state`` buffer,
+   read and updated one key block at a time (``bwd_tiles``'s ``dh_in_memory``: wider keys, K = 512, and
+   fp32 activations).
    It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
    writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
 3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): per value head, first the products
@@ -91,6 +92,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
     DEFAULT_CHUNK_SIZE,
+    DOT_PRECISION,
     GATE_CHANNEL,
     GATE_SCALAR,
     MAX_K,
@@ -211,7 +213,7 @@ def _delta_chunk_bwd_dh_kernel(
 ):
     # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
     # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128).
-    # DH_IN_MEMORY (K > 128 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
+    # DH_IN_MEMORY (K > 128 or fp32 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
     # state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
     # dU and updating it after dR; what this program stores there only it reads back (its V columns).
     NKB: tl.constexpr = (K + BK - 1) // BK
@@ -426,9 +428,8 @@ def delta_chunk_bwd(
     dht = dfinal_state.contiguous() if dfinal_state is not None else h
     f32 = dict(dtype=torch.float32, device=q.device)
     ntok = B * T
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
-                 DOT_PRECISION=precision)
+                 DOT_PRECISION=DOT_PRECISION)
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
     cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 
@@ -436,7 +437,7 @@ def delta_chunk_bwd(
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
-    tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning())
+    tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning(), fp32=q.dtype == torch.float32)
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
         q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt,

@@ -22,8 +22,8 @@ MAX_REGISTER_SCAN_K = 128
 # Widest V block of the in-memory scan with per-channel decay: sm_90, bf16/fp16, K = 256 and 512, a
 # block of 32 spilled (KDA 7 STL, GDN-2 2 STL), so a wider choice of ``delta_tuning`` is capped there.
 MEMORY_SCAN_CHANNEL_MAX_BV = 16
-# The most key blocks (of 64 rows) the register scan can hold: ``delta_tuning(dh_in_memory=False)`` is
-# honoured up to 4 * 64 = 256.
+# The most key blocks the register scan can hold: ``delta_tuning(dh_in_memory=False)`` is honoured up to
+# 4 * 64 = 256 (4 * 32 = 128 for fp32 activations, whose scan blocks have 32 rows).
 MAX_REGISTER_SCAN_BLOCKS = 4
 # Smallest tile side tl.dot accepts.
 MIN_DOT_DIM = 16
@@ -50,6 +50,18 @@ DQK_BLOCK_V = 16
 SCAN_TILE_ELEMENTS = 2048
 # Widest V block of the scan: wider blocks leave too few programs for short batches.
 SCAN_MAX_BV = 64
+# Blocks of fp32 activations. Their products run as tf32x3 (``DOT_PRECISION``: each operand split in two
+# TF32 halves), which holds about twice the operand registers of bf16. Static report, all four variants,
+# K = 64 to 512, with the bf16 blocks: sm_90 prep 25-111 STL, reverse scan 63-146 STL, dqk 70-164 STL with
+# a dense decay; sm_80 prep up to 3166 STL. With these: prep and scan without spills on sm_90 (and
+# sm_80 at K = 128), the dense-decay dqk down to 20-48 STL (its two [BT, BT] gradients and their
+# transposes do not fit; per-channel dqk compiles without spills at the bf16 blocks). The scan keeps dH in
+# memory: with it in registers, 32-row blocks spilled 112-286 STL at K = 128.
+FP32_PREP_BLOCK_K = 16
+FP32_PREP_BLOCK_V = 32
+FP32_SCAN_BLOCK_K = 32
+FP32_SCAN_BLOCK_V = 16
+FP32_DENSE_DQK_BLOCK_K = 16
 # Warps and pipeline stages of all three kernels, at run time and in the static report alike. Each
 # program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
 # (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
@@ -70,7 +82,7 @@ def scan_block_v(K: int, V: int) -> int:
 
 class BwdTiles(NamedTuple):
     """Key/value blocks of the three backward kernels for one shape and decay kind, and where the reverse
-    scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one 64-row block at a time)."""
+    scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one key block at a time)."""
 
     prep_bk: int
     prep_bv: int
@@ -81,13 +93,14 @@ class BwdTiles(NamedTuple):
     dh_in_memory: bool = False
 
 
-def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> BwdTiles:
+def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None,
+              fp32: bool = False) -> BwdTiles:
     """The blocks the launcher uses (and the static report compiles) for key dim ``K``, value dim ``V``,
     decay kind ``decay`` (``DecayKind``), on a target with or without warpgroup
-    products (``has_warpgroup_mma``). ``tuning``'s value blocks, where set, replace the defaults (capped at
-    V's power of two: a wider block would only hold padding; the in-memory scan's with per-channel decay at
-    ``MEMORY_SCAN_CHANNEL_MAX_BV``), and so does its ``dh_in_memory`` (dH stays in memory where the
-    registers cannot hold it)."""
+    products (``has_warpgroup_mma``), for fp32 activations (``fp32``) or 16-bit ones. ``tuning``'s value
+    blocks, where set, replace the defaults (capped at V's power of two: a wider block would only hold
+    padding; the in-memory scan's with per-channel decay at ``MEMORY_SCAN_CHANNEL_MAX_BV``), and so does its
+    ``dh_in_memory`` (dH stays in memory where the registers cannot hold it)."""
     bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == DecayKind.CHANNEL else CHUNK_BLOCK)
     wide_mma_sync = not warpgroup_mma and K > MMA_SYNC_WIDE_PREP_K
     tiles = BwdTiles(
@@ -95,6 +108,12 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V), dh_in_memory=K > MAX_REGISTER_SCAN_K,
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
     )
+    if fp32:
+        tiles = tiles._replace(
+            prep_bk=_pow2_block(K, FP32_PREP_BLOCK_K), prep_bv=_pow2_block(V, FP32_PREP_BLOCK_V),
+            scan_bk=_pow2_block(K, FP32_SCAN_BLOCK_K), scan_bv=_pow2_block(V, FP32_SCAN_BLOCK_V), dh_in_memory=True,
+            dqk_bk=tiles.dqk_bk if decay == DecayKind.CHANNEL else FP32_DENSE_DQK_BLOCK_K,
+        )
     if tuning is None:
         return tiles
     chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")

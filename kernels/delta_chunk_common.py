@@ -90,6 +90,14 @@ def key_blocks(K: int) -> tuple[int, int]:
     return bk, k_pad // bk
 
 
+# Input precision of every tl.dot of the family, forward and backward. fp32 operands on a GPU default to
+# TF32 (10-bit mantissa): too coarse for the triangular solve (its error compounds over the chunk) and for
+# fp32 inputs. tf32x3 splits each operand in two TF32 halves and keeps tensor cores at about fp32 accuracy;
+# "ieee" would leave fp32 products on CUDA cores (the fp32 backward did: no HGMMA, thousands of spill
+# stores in the static report). bf16/fp16 operands ignore the setting.
+DOT_PRECISION = "tf32x3"
+
+
 # fp32 inputs run their products as tf32x3 (three tensor-core passes on split operands), which
 # needs about four times the operand registers of bf16: the static report showed the K = 128
 # state pass spilling at V tiles of 64 and 32 and not at 16.

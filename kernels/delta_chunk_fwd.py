@@ -38,6 +38,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
     DEFAULT_CHUNK_SIZE,
+    DOT_PRECISION,
     GATE_SCALAR,
     MIN_BLOCK,
     SUB_BLOCK_C,
@@ -61,11 +62,6 @@ from lamina.kernels.delta_chunk_common import (
 )
 from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 
-# fp32 operands of tl.dot on a GPU default to TF32 (10-bit mantissa): too coarse for the
-# triangular solve (its error compounds over the chunk) and for fp32 inputs. tf32x3 splits
-# each operand in two TF32 halves and keeps tensor cores at about fp32 accuracy. bf16/fp16
-# operands ignore the setting.
-DOT_PRECISION = "tf32x3"
 # V tile of the preparation kernel's U = A Z loop; K tile of its K loops. The per-channel decay
 # path holds about ten [BT, BK] fp32 tiles (k, q, b*k, the cumulative gate and decayed copies)
 # next to the [BT, BT] matrices and needs the narrower K tile. Static report (sm_80, 8 warps):
@@ -101,7 +97,7 @@ def _delta_chunk_prep_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, SOLVE_BLOCK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
     NB: tl.constexpr = BT // SUB
@@ -157,8 +153,8 @@ def _delta_chunk_prep_fwd_kernel(
                 use = (o_t <= r) & m_t & (t0 + i * SUB < seqlen)
                 b_right = b_k * _masked_exp(b_Gr[None, :] - b_G, use[:, None])
                 b_right = tl.trans(b_right.to(DT))
-                b_L += tl.dot((b_e * d_left).to(DT), b_right, input_precision=DOT_PREC)
-                b_Aqk += tl.dot((b_q * d_left).to(DT), b_right, input_precision=DOT_PREC)
+                b_L += tl.dot((b_e * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
+                b_Aqk += tl.dot((b_q * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
             # diagonal sub-blocks, element-wise with exact exponents: column j of every
             # sub-block at once (row t pairs with s = SUB * (t // SUB) + j <= t)
             off = o_t % SUB
@@ -174,8 +170,8 @@ def _delta_chunk_prep_fwd_kernel(
                 b_Aqk += tl.where(sel, q_val[:, None], 0.0)
         else:
             b_kT = tl.trans(b_k.to(DT))
-            b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PREC)
-            b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PREC)
+            b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
+            b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
     if DECAY != DECAY_CHANNEL:
         m_lower = o_t[:, None] > o_t[None, :]
         m_lower_eq = o_t[:, None] >= o_t[None, :]
@@ -207,13 +203,13 @@ def _delta_chunk_prep_fwd_kernel(
     if NS == 1:
         b_A = b_Di
     else:
-        b_M = tl.dot(b_Di, tl.where(same, 0.0, b_L), input_precision=DOT_PREC)
+        b_M = tl.dot(b_Di, tl.where(same, 0.0, b_L), input_precision=DOT_PRECISION)
         if NS == 2:
             b_P = eye - b_M
         else:
-            b_M2 = tl.dot(b_M, b_M, input_precision=DOT_PREC)
-            b_P = tl.dot(eye - b_M, eye + b_M2, input_precision=DOT_PREC)
-        b_A = tl.dot(b_P, b_Di, input_precision=DOT_PREC)
+            b_M2 = tl.dot(b_M, b_M, input_precision=DOT_PRECISION)
+            b_P = tl.dot(eye - b_M, eye + b_M2, input_precision=DOT_PRECISION)
+        b_A = tl.dot(b_P, b_Di, input_precision=DOT_PRECISION)
     b_Ad = b_A.to(DT)
 
     # -- Y = A (E * exp(G)), U = A Z --------------------------------------------------------------
@@ -229,7 +225,7 @@ def _delta_chunk_prep_fwd_kernel(
             b_e = b_e * tl.exp(b_gs)[:, None]
         if DECAY == DECAY_CHANNEL:
             b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
-        b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PREC)
+        b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PRECISION)
         tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
     if WRITE == GATE_SCALAR:
         b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
@@ -241,7 +237,7 @@ def _delta_chunk_prep_fwd_kernel(
             b_z = b_z * b_wbeta[:, None]
         else:
             b_z = b_z * tl.load(_row_ptrs(w, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
-        b_u = tl.dot(b_Ad, b_z.to(DT), input_precision=DOT_PREC)
+        b_u = tl.dot(b_Ad, b_z.to(DT), input_precision=DOT_PRECISION)
         tl.store(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), b_u.to(DT), mask=m_z)
 
 
@@ -263,7 +259,7 @@ def _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale,
 @triton.jit
 def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-               DECAY: tl.constexpr, DOT_PREC: tl.constexpr, READ_O: tl.constexpr):
+               DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, READ_O: tl.constexpr):
     """acc_v += Y_kb S_kb and (``READ_O``) acc_o += scale * (Q_kb * exp(G_kb)) S_kb for one K block."""
     DT = wy.dtype.element_ty
     o_k = kb * BK + tl.arange(0, BK)
@@ -272,16 +268,16 @@ def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 
     if READ_O:  # both loads before both products (the order the register allocation was measured with)
         b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale, H, HV, K, DECAY)
     b_sd = b_s.to(DT)
-    acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PREC)
+    acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PRECISION)
     if READ_O:
-        acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PREC)
+        acc_o += tl.dot(b_q.to(DT), b_sd, input_precision=DOT_PRECISION)
     return acc_v, acc_o
 
 
 @triton.jit
 def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, kb,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                DECAY: tl.constexpr, DOT_PREC: tl.constexpr):
+                DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """S_kb <- Diag(exp(G_last)) S_kb + (K_kb * exp(G_last - G))^T V_new."""
     DT = b_vnew.dtype
     o_k = kb * BK + tl.arange(0, BK)
@@ -297,7 +293,7 @@ def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_
         b_Gl = tl.load(gcum + (tok_last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
         b_kT = b_kT * _masked_exp(b_Gl[:, None] - b_GT, mT)
         b_s = b_s * tl.exp(b_Gl)[:, None]
-    b_s += tl.dot(b_kT.to(DT), b_vnew, input_precision=DOT_PREC)
+    b_s += tl.dot(b_kT.to(DT), b_vnew, input_precision=DOT_PRECISION)
     return b_s
 
 
@@ -311,7 +307,7 @@ def _delta_chunk_scan_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
-    STORE_V_NEW: tl.constexpr, DOT_PREC: tl.constexpr, STORE_O: tl.constexpr,
+    STORE_V_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_O: tl.constexpr,
 ):
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -355,36 +351,36 @@ def _delta_chunk_scan_fwd_kernel(
         acc_v = tl.zeros([BT, BV], dtype=tl.float32)
         acc_o = tl.zeros([BT, BV], dtype=tl.float32)
         acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
-                                  H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
+                                  H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         if NK > 1:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
+                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         if NK > 2:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
+                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         if NK > 3:
             acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
-                                      H, HV, K, BK, DECAY, DOT_PREC, STORE_O)
+                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
         b_vnew = (b_u - acc_v).to(DT)
         if STORE_O:  # else the output kernel computes o from the saved states and writes
             b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
-            b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
+            b_o = acc_o + tl.dot(b_aqk, b_vnew, input_precision=DOT_PRECISION)
             tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
         if STORE_V_NEW:  # the writes, for cross-layer error routing (from registers: no extra pass)
             tl.store(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), b_vnew.to(vnew.dtype.element_ty), mask=m_tv)
         b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
-                           H, HV, K, BK, DECAY, DOT_PREC)
+                           H, HV, K, BK, DECAY, DOT_PRECISION)
         if NK > 1:
             b_s1 = _scan_write(b_s1, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 1,
-                               H, HV, K, BK, DECAY, DOT_PREC)
+                               H, HV, K, BK, DECAY, DOT_PRECISION)
         if NK > 2:
             b_s2 = _scan_write(b_s2, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 2,
-                               H, HV, K, BK, DECAY, DOT_PREC)
+                               H, HV, K, BK, DECAY, DOT_PRECISION)
         if NK > 3:
             b_s3 = _scan_write(b_s3, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 3,
-                               H, HV, K, BK, DECAY, DOT_PREC)
+                               H, HV, K, BK, DECAY, DOT_PRECISION)
 
     if STORE_FINAL_STATE:
         _store_state(ht, i_n, b_s0, i_hv, 0, o_v, HV, K, V, BK)
@@ -403,7 +399,7 @@ def _delta_chunk_out_fwd_kernel(
     scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """The output as a separate pass, one program per (chunk, value head, V block), all in parallel:
     ``O = scale * (Q * exp(G)) S_c + Aqk V_new`` from the chunk-start states ``h`` and the writes ``vnew``
@@ -429,10 +425,10 @@ def _delta_chunk_out_fwd_kernel(
                          H, HV, K, DECAY)
         p_s, m_s = _state_ptrs(h, i_c, i_hv, kb, o_v, HV, K, V, BK)
         b_s = tl.load(p_s, mask=m_s, other=0.0)
-        acc += tl.dot(b_q.to(DT), b_s.to(DT), input_precision=DOT_PREC)
+        acc += tl.dot(b_q.to(DT), b_s.to(DT), input_precision=DOT_PRECISION)
     b_aqk = tl.load(_row_ptrs(aqk, tok0, o_t, i_hv, HV, BT, o_t), mask=m_t[:, None], other=0.0)
     b_vnew = tl.load(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0)
-    acc += tl.dot(b_aqk, b_vnew, input_precision=DOT_PREC)
+    acc += tl.dot(b_aqk, b_vnew, input_precision=DOT_PRECISION)
     tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), acc.to(o.dtype.element_ty), mask=m_tv)
 
 
@@ -510,7 +506,7 @@ def delta_chunk_fwd(
     flags = _flags(g, b, w)
     BK, NK = key_blocks(K)
     common = {"H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BK": BK, "NK": NK,
-              "IS_VARLEN": cu_seqlens is not None, "DOT_PREC": DOT_PRECISION}
+              "IS_VARLEN": cu_seqlens is not None, "DOT_PRECISION": DOT_PRECISION}
     gcum = None if g is None else torch.empty(g.shape, dtype=torch.float32, device=q.device)
     wy = q.new_empty(B, T, HV, K)
     u = q.new_empty(B, T, HV, V)

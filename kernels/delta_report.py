@@ -28,6 +28,7 @@ from lamina.kernels.delta_chunk_bwd import (
 )
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_common import (
+    DOT_PRECISION,
     VARIANT_FLAGS,
     DecayKind,
     GateKind,
@@ -36,7 +37,6 @@ from lamina.kernels.delta_chunk_common import (
     value_block,
 )
 from lamina.kernels.delta_chunk_fwd import (
-    DOT_PRECISION,
     OUT_BLOCK_V,
     PREP_BLOCK_V,
     SOLVE_BLOCK,
@@ -80,7 +80,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         BK, NK = key_blocks(K)
         # dense: cu_seqlens and the chunk index tensors are None (ChunkIndex), so compile-time constants
         base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BT": DEFAULT_CHUNK_SIZE,
-                "DOT_PREC": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
+                "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
         BKP, NKP = prep_key_blocks(K, decay)
@@ -175,16 +175,17 @@ def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
     """Every kernel's default blocks on each target; then, as non-default rows for ``ALTERNATIVE_ARCHS``, the
     blocks of each backward alternative of ``delta_tuning`` that changes the kernel."""
     V = K
+    fp32 = dtype == "fp32"
     for variant, (decay, erase, write) in VARIANT_FLAGS.items():
         for fn in (_delta_chunk_bwd_prep_kernel, _delta_chunk_bwd_dh_kernel, _delta_chunk_bwd_dqk_kernel):
             # the blocks each target runs with; a kernel whose blocks differ gets one entry per target
             per_arch: dict[tuple, list[int]] = {}
             for arch, warpgroup_mma in TARGETS.items():
-                per_arch.setdefault(tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, warpgroup_mma)).items()),
+                per_arch.setdefault(tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, warpgroup_mma, fp32=fp32)).items()),
                                     []).append(arch)
             rows = [(per_arch, "", True, False)]
             for tuning in (t for t in ALTERNATIVES if alternatives and not t.changes_forward):
-                rows.append((_alternative_blocks(fn, K, V, decay, tuning, per_arch), f" {tuning.label()}", False,
+                rows.append((_alternative_blocks(fn, K, V, decay, tuning, per_arch, fp32), f" {tuning.label()}", False,
                              True))
             for blocks_archs, suffix, default, always_archs in rows:
                 _register_bwd_blocks(fn, variant, K, V, dtype, decay, erase, write, blocks_archs, suffix, default,
@@ -192,11 +193,11 @@ def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
 
 
 def _alternative_blocks(fn, K: int, V: int, decay: int, tuning: DeltaTuning,
-                        defaults: dict[tuple, list[int]]) -> dict[tuple, list[int]]:
+                        defaults: dict[tuple, list[int]], fp32: bool) -> dict[tuple, list[int]]:
     """The blocks ``tuning`` gives ``fn`` on each of ``ALTERNATIVE_ARCHS`` where they differ from the default."""
     alternative: dict[tuple, list[int]] = {}
     for arch in ALTERNATIVE_ARCHS:
-        blocks = tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, TARGETS[arch], tuning)).items())
+        blocks = tuple(_bwd_blocks(fn, bwd_tiles(K, V, decay, TARGETS[arch], tuning, fp32)).items())
         if arch not in defaults.get(blocks, []):
             alternative.setdefault(blocks, []).append(arch)
     return alternative
@@ -209,7 +210,7 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
     signature = _bwd_signature(fn, dtype, decay, erase, write)
     for blocks, archs in per_arch.items():
         constexprs = dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
-                          IS_VARLEN=False, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", **dict(blocks),
+                          IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, **dict(blocks),
                           **{name: None for name in _DENSE_NONE if name in jit.arg_names})
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so

@@ -125,8 +125,8 @@ def test_bwd_varlen(kinds):
 @pytest.mark.parametrize("K,V", [(16, 16), (256, 48), (512, 32), (32, 512)])
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_head_dims(kinds, K, V):
-    # the narrowest tiles, keys whose scan keeps dH in memory (K = 256, and 512: past the four register
-    # blocks), values over 32 scan programs; two chunks, the second partial
+    # the narrowest tiles, keys whose scan keeps dH in memory for every dtype (K = 256, and 512: past the
+    # four register blocks), values over 32 scan programs; two chunks, the second partial
     import lamina.kernels.delta_chunk_bwd as bwd
 
     assert bwd.bwd_tiles(K, V, kinds[0], False).dh_in_memory == (K > 128)
@@ -142,11 +142,27 @@ def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
     from lamina.kernels.delta_tuning import delta_tuning
 
     used = []
-    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a: used.append(bwd_tiles(*a)) or used[-1])
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
     with delta_tuning(dh_in_memory=True):
         check_case(*build_case(1, 100, 2, 2, 64, 32, kinds, seqlens=[70, 1, 29]))
         check_case(*build_case(2, 40, 2, 2, 64, 40, kinds, init=False, final_grad=False))
     assert [t.dh_in_memory for t in used] == [True, True]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_bwd_scan_with_dh_in_registers_fp32(kinds, monkeypatch):
+    # fp32 keeps dH in memory by default; on request it is held in registers as 32-row key blocks: four
+    # of them at K = 128 (every unrolled block of the scan), two at K = 64 with a partial V block
+    import lamina.kernels.delta_chunk_bwd as bwd
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    used = []
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
+    with delta_tuning(dh_in_memory=False):
+        check_case(*build_case(1, 100, 1, 1, 128, 16, kinds, seqlens=[70, 30]))
+        check_case(*build_case(1, 70, 2, 2, 64, 24, kinds, init=False))
+    assert [(t.dh_in_memory, t.scan_bk) for t in used] == [(False, 32), (False, 32)]
 
 
 @pytest.mark.interpret
@@ -252,7 +268,7 @@ def test_bwd_report_matches_launch():
             assert len(named) == 1, f"{spec.config}: a non-default row names one alternative"
             tuning = named[0]
         for arch in spec.meta.get("archs", (90, 80)):
-            tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90, tuning)
+            tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90, tuning, fp32=spec.signature["k"] == "*fp32")
             want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
             if spec.name == "_delta_chunk_bwd_dh_kernel":

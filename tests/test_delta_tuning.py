@@ -11,8 +11,9 @@ from test_delta_ops import check_training_against_float64
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
 from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
 
-# Value blocks other than the defaults at V = 64, K = 64 (prep 64, scan 32, dqk 16).
-BACKWARD_CHOICES = [dict(prep_bv=16, scan_bv=64, dqk_bv=32), dict(prep_bv=32, scan_bv=16, dqk_bv=64)]
+# Value blocks other than the defaults of fp32 at V = 64, K = 64 (prep 32, scan 16, dqk 16). fp32 keeps dH in
+# memory, where a per-channel decay caps the scan's block at 16: the wider scan block asks for dH in registers.
+BACKWARD_CHOICES = [dict(prep_bv=16, scan_bv=64, dqk_bv=32, dh_in_memory=False), dict(prep_bv=64, dqk_bv=64)]
 
 
 @pytest.mark.interpret
@@ -22,12 +23,13 @@ def test_backward_value_blocks(monkeypatch, kinds, choices):
     import lamina.kernels.delta_chunk_bwd as bwd
 
     used = []
-    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a: used.append(bwd_tiles(*a)) or used[-1])
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
     with delta_tuning(**choices):
         check_case(*build_case(1, 40, 2, 2, 64, 64, kinds, seqlens=[27, 13]))
     assert len(used) == 1
-    assert (used[0].prep_bv, used[0].scan_bv, used[0].dqk_bv) == (choices["prep_bv"], choices["scan_bv"],
-                                                                  choices["dqk_bv"])
+    want = {"scan_bv": 16, "dh_in_memory": True, **choices}
+    assert (used[0].prep_bv, used[0].scan_bv, used[0].dqk_bv, used[0].dh_in_memory) == (
+        want["prep_bv"], want["scan_bv"], want["dqk_bv"], want["dh_in_memory"])
 
 
 def test_tiles_follow_the_tuning():
@@ -45,6 +47,23 @@ def test_tiles_follow_the_tuning():
     # a wider scan block is capped where the in-memory scan with per-channel decay spilled
     assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
+
+
+@pytest.mark.parametrize("warpgroup_mma", [True, False])
+def test_fp32_tiles(warpgroup_mma):
+    # fp32 activations (tf32x3 products) get narrower blocks and dH in memory; 16-bit ones keep theirs
+    for decay in (0, 1, 2):
+        wide = bwd_tiles(128, 128, decay, warpgroup_mma)
+        narrow = bwd_tiles(128, 128, decay, warpgroup_mma, fp32=True)
+        assert (narrow.prep_bk, narrow.prep_bv, narrow.scan_bk, narrow.scan_bv) == (16, 32, 32, 16)
+        assert narrow.dh_in_memory and not wide.dh_in_memory
+        assert narrow.dqk_bk == (wide.dqk_bk if decay == 2 else 16) and narrow.dqk_bv == wide.dqk_bv
+        assert bwd_tiles(128, 128, decay, warpgroup_mma, fp32=False) == wide
+    # the tuning still applies on top: dH in registers on request, as four 32-row blocks at K = 128 and
+    # not past them
+    assert not bwd_tiles(128, 64, 1, True, DeltaTuning(dh_in_memory=False), fp32=True).dh_in_memory
+    assert bwd_tiles(256, 64, 1, True, DeltaTuning(dh_in_memory=False), fp32=True).dh_in_memory
+    assert bwd_tiles(64, 64, 0, True, DeltaTuning(prep_bv=64), fp32=True).prep_bv == 64
 
 
 def test_nested_choices_and_restore():
