@@ -68,12 +68,16 @@ from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 # a V tile of 64 spilled; per-channel with BK = 64 spilled; scalar decay with BK = 32 spilled.
 PREP_BLOCK_V = 32
 PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
+# K tile for fp32 activations, whose tf32x3 products split every operand in two. Static report (sm_90,
+# K = 64 to 512): with the 16-bit tiles the prep spilled 2-174 STL from K = 128 on (KDA and GDN-2 from
+# K = 64); with these, and the kernel's key loop rolled for fp32, none did.
+PREP_BLOCK_K_FP32 = {DecayKind.NONE: 32, DecayKind.SCALAR: 32, DecayKind.CHANNEL: 16}
 
 
-def prep_key_blocks(K: int, decay: int) -> tuple[int, int]:
-    """(BK, NK) of the preparation kernel's K loops."""
+def prep_key_blocks(K: int, decay: int, fp32: bool = False) -> tuple[int, int]:
+    """(BK, NK) of the preparation kernel's K loops, for fp32 activations (``fp32``) or 16-bit ones."""
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    bk = min(k_pad, PREP_BLOCK_K[decay])
+    bk = min(k_pad, (PREP_BLOCK_K_FP32 if fp32 else PREP_BLOCK_K)[decay])
     return bk, k_pad // bk
 
 
@@ -88,6 +92,57 @@ SOLVE_BLOCK = DeltaTuning().solve_block
 # ----------------------------------------------------------------------------------------------
 # 1. per-chunk preparation
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h, i_hv, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
+                    SUB: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Adds key block ``kb``'s part of ``L = E K^T`` and ``Aqk = scale Q K^T`` (decayed per channel
+    here; a scalar decay is applied by the caller) onto ``b_L`` and ``b_Aqk``."""
+    DT = q.dtype.element_ty
+    o_k = kb * BK + tl.arange(0, BK)
+    m = m_t[:, None] & (o_k < K)[None, :]
+    b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
+    if ERASE == GATE_SCALAR:
+        b_e = b_k * b_beta[:, None]
+    else:
+        b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+    if DECAY == DECAY_CHANNEL:
+        b_G = tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
+        # strictly block-lower part: rows of sub-block i against every earlier row, both
+        # factors taken relative to row r = i*SUB - 1 (exp(G_t - G_r) <= 1 for t > r,
+        # exp(G_r - G_s) <= 1 for s <= r)
+        for i in tl.static_range(1, NB):
+            r = i * SUB - 1
+            b_Gr = tl.sum(tl.where((o_t == r)[:, None], b_G, 0.0), 0)
+            in_i = (o_t >= i * SUB) & (o_t < i * SUB + SUB) & m_t
+            d_left = _masked_exp(b_G - b_Gr[None, :], in_i[:, None])
+            # (a sub-block of padding rows has no valid reference row: skip it)
+            use = (o_t <= r) & m_t & (t0 + i * SUB < seqlen)
+            b_right = b_k * _masked_exp(b_Gr[None, :] - b_G, use[:, None])
+            b_right = tl.trans(b_right.to(DT))
+            b_L += tl.dot((b_e * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
+            b_Aqk += tl.dot((b_q * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
+        # diagonal sub-blocks, element-wise with exact exponents: column j of every
+        # sub-block at once (row t pairs with s = SUB * (t // SUB) + j <= t)
+        off = o_t % SUB
+        for j in range(0, SUB):
+            rows_j = (o_t // SUB) * SUB + j
+            m_j = ((t0 + rows_j) < seqlen)[:, None] & (o_k < K)[None, :]
+            b_kj = tl.load(_row_ptrs(k, tok0, rows_j, i_h, H, K, o_k), mask=m_j, other=0.0).to(tl.float32)
+            b_Gj = tl.load(_row_ptrs(gcum, tok0, rows_j, i_hv, HV, K, o_k), mask=m_j, other=0.0)
+            l_val = tl.sum(b_e * b_kj * _masked_exp(b_G - b_Gj, ((off > j) & m_t)[:, None]), 1)
+            q_val = tl.sum(b_q * b_kj * _masked_exp(b_G - b_Gj, ((off >= j) & m_t)[:, None]), 1)
+            sel = o_t[None, :] == rows_j[:, None]
+            b_L += tl.where(sel, l_val[:, None], 0.0)
+            b_Aqk += tl.where(sel, q_val[:, None], 0.0)
+    else:
+        b_kT = tl.trans(b_k.to(DT))
+        b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
+        b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
+    return b_L, b_Aqk
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
@@ -124,54 +179,24 @@ def _delta_chunk_prep_fwd_kernel(
             tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), tl.cumsum(b_g, axis=0), mask=m)
         # the diagonal sub-blocks below read other rows of gcum written by other threads
         tl.debug_barrier()
+    b_beta = 1.0  # per-channel erase gates are loaded with their key block
     if ERASE == GATE_SCALAR:
         b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
 
     # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
     b_L = tl.zeros([BT, BT], dtype=tl.float32)
     b_Aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in tl.static_range(NK):
-        o_k = kb * BK + tl.arange(0, BK)
-        m = m_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-        b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
-        if ERASE == GATE_SCALAR:
-            b_e = b_k * b_beta[:, None]
-        else:
-            b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if DECAY == DECAY_CHANNEL:
-            b_G = tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
-            # strictly block-lower part: rows of sub-block i against every earlier row, both
-            # factors taken relative to row r = i*SUB - 1 (exp(G_t - G_r) <= 1 for t > r,
-            # exp(G_r - G_s) <= 1 for s <= r)
-            for i in tl.static_range(1, NB):
-                r = i * SUB - 1
-                b_Gr = tl.sum(tl.where((o_t == r)[:, None], b_G, 0.0), 0)
-                in_i = (o_t >= i * SUB) & (o_t < i * SUB + SUB) & m_t
-                d_left = _masked_exp(b_G - b_Gr[None, :], in_i[:, None])
-                # (a sub-block of padding rows has no valid reference row: skip it)
-                use = (o_t <= r) & m_t & (t0 + i * SUB < seqlen)
-                b_right = b_k * _masked_exp(b_Gr[None, :] - b_G, use[:, None])
-                b_right = tl.trans(b_right.to(DT))
-                b_L += tl.dot((b_e * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
-                b_Aqk += tl.dot((b_q * d_left).to(DT), b_right, input_precision=DOT_PRECISION)
-            # diagonal sub-blocks, element-wise with exact exponents: column j of every
-            # sub-block at once (row t pairs with s = SUB * (t // SUB) + j <= t)
-            off = o_t % SUB
-            for j in range(0, SUB):
-                rows_j = (o_t // SUB) * SUB + j
-                m_j = ((t0 + rows_j) < seqlen)[:, None] & (o_k < K)[None, :]
-                b_kj = tl.load(_row_ptrs(k, tok0, rows_j, i_h, H, K, o_k), mask=m_j, other=0.0).to(tl.float32)
-                b_Gj = tl.load(_row_ptrs(gcum, tok0, rows_j, i_hv, HV, K, o_k), mask=m_j, other=0.0)
-                l_val = tl.sum(b_e * b_kj * _masked_exp(b_G - b_Gj, ((off > j) & m_t)[:, None]), 1)
-                q_val = tl.sum(b_q * b_kj * _masked_exp(b_G - b_Gj, ((off >= j) & m_t)[:, None]), 1)
-                sel = o_t[None, :] == rows_j[:, None]
-                b_L += tl.where(sel, l_val[:, None], 0.0)
-                b_Aqk += tl.where(sel, q_val[:, None], 0.0)
-        else:
-            b_kT = tl.trans(b_k.to(DT))
-            b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
-            b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
+    # fp32 (tf32x3 products, split operands) loops over the key blocks; unrolled, their loads and
+    # splits overlap and spilled from K = 128 on (sm_90). 16-bit activations keep the unrolled loop:
+    # rolled, GDN's bf16 K = 256 prep spilled on sm_80 (static report).
+    if DT == tl.float32:
+        for kb in range(NK):
+            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h,
+                                         i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION)
+    else:
+        for kb in tl.static_range(NK):
+            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h,
+                                         i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION)
     if DECAY != DECAY_CHANNEL:
         m_lower = o_t[:, None] > o_t[None, :]
         m_lower_eq = o_t[:, None] >= o_t[None, :]
@@ -512,7 +537,7 @@ def delta_chunk_fwd(
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     if index.total > 0:
-        BKP, NKP = prep_key_blocks(K, flags["DECAY"])
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=q.dtype == torch.float32)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),

@@ -83,7 +83,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                 "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
-        BKP, NKP = prep_key_blocks(K, decay)
+        BKP, NKP = prep_key_blocks(K, decay, fp32=dtype == "fp32")
         prep_c = {**base, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write,
                   "SOLVE_BLOCK": SOLVE_BLOCK, "chunk_indices": None,
                   **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}

@@ -230,13 +230,9 @@ def test_separate_output_kernel(monkeypatch, variant):
     assert len(launched) == 4
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("solve_block", [16, 32])
-def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
-    """The alternative solve (diagonal blocks merged with products, ``delta_tuning(solve_block=...)``) gives
-    the reference's results for every variant, and the preparation kernel is launched with it."""
+def spy_prep_launches(monkeypatch, *names):
+    """Record the named launch arguments of every preparation-kernel launch (a list of tuples)."""
     import lamina.kernels.delta_chunk_fwd as fwd
-    from lamina.kernels.delta_tuning import delta_tuning
 
     launched = []
     kernel = fwd._prep_fwd
@@ -244,11 +240,35 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launched.append(kw["SOLVE_BLOCK"])
+                launched.append(tuple(kw[n] for n in names))
                 return kernel[grid](*args, **kw)
             return launch
 
     monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    return launched
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("solve_block", [16, 32])
+def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
+    """The alternative solve (diagonal blocks merged with products, ``delta_tuning(solve_block=...)``) gives
+    the reference's results for every variant, and the preparation kernel is launched with it."""
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    launched = spy_prep_launches(monkeypatch, "SOLVE_BLOCK")
     with delta_tuning(solve_block=solve_block):
         check_against_reference(variant, 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
-    assert launched == [solve_block]
+    assert launched == [(solve_block,)]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype):
+    """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled), 16-bit ones
+    the wider blocks (unrolled); both give the reference's results over several key blocks."""
+    from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32
+
+    launched = spy_prep_launches(monkeypatch, "BK", "NK")
+    check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
+    want = (PREP_BLOCK_K_FP32 if dtype == torch.float32 else PREP_BLOCK_K)[VARIANTS[variant][0]]
+    assert launched == [(want, 128 // want)] and 128 // want > 1
