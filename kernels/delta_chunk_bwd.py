@@ -213,8 +213,8 @@ def _delta_chunk_bwd_dh_kernel(
 ):
     # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
     # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128).
-    # DH_IN_MEMORY (K > 128 or fp32 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled with the final
-    # state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
+    # DH_IN_MEMORY (K > 128 or fp32 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled
+    # with the final state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
     # dU and updating it after dR; what this program stores there only it reads back (its V columns).
     NKB: tl.constexpr = (K + BK - 1) // BK
     tl.static_assert(DH_IN_MEMORY or NKB <= 4, "the scan holds at most four key blocks in registers")

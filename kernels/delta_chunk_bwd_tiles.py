@@ -51,7 +51,7 @@ SCAN_TILE_ELEMENTS = 2048
 # Widest V block of the scan: wider blocks leave too few programs for short batches.
 SCAN_MAX_BV = 64
 # Blocks of fp32 activations. Their products run as tf32x3 (``DOT_PRECISION``: each operand split in two
-# TF32 halves), which holds about twice the operand registers of bf16. Static report, all four variants,
+# TF32 halves), which holds about four times the operand registers of bf16. Static report, all four variants,
 # K = 64 to 512, with the bf16 blocks: sm_90 prep 25-111 STL, reverse scan 63-146 STL, dqk 70-164 STL with
 # a dense decay; sm_80 prep up to 3166 STL. With these: prep and scan without spills on sm_90 (and
 # sm_80 at K = 128), the dense-decay dqk down to 20-48 STL (its two [BT, BT] gradients and their

@@ -120,6 +120,15 @@ def test_bwd_varlen(kinds):
     check_case(*build_case(1, 100, 2, HV, 32, 48, kinds, seqlens=[70, 1, 29]))
 
 
+def record_bwd_tiles(monkeypatch):
+    """The ``BwdTiles`` of every backward launch from now on (a list)."""
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    used = []
+    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
+    return used
+
+
 @pytest.mark.grid
 @pytest.mark.interpret
 @pytest.mark.parametrize("K,V", [(16, 16), (256, 48), (512, 32), (32, 512)])
@@ -138,11 +147,9 @@ def test_bwd_head_dims(kinds, K, V):
 def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
     # the reverse scan's in-memory dH (what K > 128 runs) at a small K, varlen, with and without the
     # final state's gradient and the initial state, V a multiple of the V block and not
-    import lamina.kernels.delta_chunk_bwd as bwd
     from lamina.kernels.delta_tuning import delta_tuning
 
-    used = []
-    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
+    used = record_bwd_tiles(monkeypatch)
     with delta_tuning(dh_in_memory=True):
         check_case(*build_case(1, 100, 2, 2, 64, 32, kinds, seqlens=[70, 1, 29]))
         check_case(*build_case(2, 40, 2, 2, 64, 40, kinds, init=False, final_grad=False))
@@ -154,11 +161,9 @@ def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
 def test_bwd_scan_with_dh_in_registers_fp32(kinds, monkeypatch):
     # fp32 keeps dH in memory by default; on request it is held in registers as 32-row key blocks: four
     # of them at K = 128 (every unrolled block of the scan), two at K = 64 with a partial V block
-    import lamina.kernels.delta_chunk_bwd as bwd
     from lamina.kernels.delta_tuning import delta_tuning
 
-    used = []
-    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
+    used = record_bwd_tiles(monkeypatch)
     with delta_tuning(dh_in_memory=False):
         check_case(*build_case(1, 100, 1, 1, 128, 16, kinds, seqlens=[70, 30]))
         check_case(*build_case(1, 70, 2, 2, 64, 24, kinds, init=False))

@@ -5,7 +5,7 @@ bad choices raise by name. (The forward's solve alternatives: tests/test_delta_f
 from __future__ import annotations
 
 import pytest
-from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case
+from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case, record_bwd_tiles
 from test_delta_ops import check_training_against_float64
 
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
@@ -20,10 +20,7 @@ BACKWARD_CHOICES = [dict(prep_bv=16, scan_bv=64, dqk_bv=32, dh_in_memory=False),
 @pytest.mark.parametrize("choices", BACKWARD_CHOICES, ids=lambda c: DeltaTuning(**c).label())
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_backward_value_blocks(monkeypatch, kinds, choices):
-    import lamina.kernels.delta_chunk_bwd as bwd
-
-    used = []
-    monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: used.append(bwd_tiles(*a, **kw)) or used[-1])
+    used = record_bwd_tiles(monkeypatch)
     with delta_tuning(**choices):
         check_case(*build_case(1, 40, 2, 2, 64, 64, kinds, seqlens=[27, 13]))
     assert len(used) == 1
