@@ -20,14 +20,17 @@ Two launches:
    ``L`` and ``Aqk`` (with channel-wise decay: exponents relative to a row inside the same
    16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
 2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
-   chunks in order with ``S`` in registers, writes ``O`` directly (the state pass and the
-   output are one sweep; ``V_new`` never goes through memory) and stores the chunk-start
-   states ``h`` for the backward.
+   chunks in order with ``S`` in registers (or, for fp32 activations, in the final-state buffer one
+   key block at a time: ``scan_tiles``), writes ``O`` directly (the state pass and the output are
+   one sweep; ``V_new`` never goes through memory) and stores the chunk-start states ``h`` for the
+   backward.
 
 The token-by-token twin for decoding is kernels/delta_recurrent_fwd.py.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -41,6 +44,7 @@ from lamina.kernels.delta_chunk_common import (
     DOT_PRECISION,
     GATE_SCALAR,
     MIN_BLOCK,
+    STATE_BLOCK_K,
     SUB_BLOCK_C,
     DecayKind,
     _col_ptrs,
@@ -79,6 +83,51 @@ def prep_key_blocks(K: int, decay: int, fp32: bool = False) -> tuple[int, int]:
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
     bk = min(k_pad, (PREP_BLOCK_K_FP32 if fp32 else PREP_BLOCK_K)[decay])
     return bk, k_pad // bk
+
+
+class ScanTiles(NamedTuple):
+    """Blocks of the state pass: ``bk`` x ``nk`` key rows, ``bv`` value columns per program, and where the
+    state lives (``state_in_memory``: in the final-state buffer, one key block at a time; else registers)."""
+
+    bk: int
+    nk: int
+    bv: int
+    state_in_memory: bool
+
+
+# Key block of the kernels that read the state from memory one block at a time (the state pass with the
+# state in memory, the separate output kernel), in a rolled loop: one [BK, BV] state block next to the
+# [BT, BK] tiles of Y, q and k, as in the registers' K = 64 case. fp32 activations (tf32x3 splits each
+# operand in two) take half. Static report, sm_90, K = 64 to 512, all four variants: the fp32 state pass
+# compiles to 210-236 registers under Triton 3.9 (235-250 under 3.6) without spills; the fp32 output kernel
+# with the registers' blocks (64 or 128 rows, unrolled) spilled 7-400 STL from K = 128 on, and with these
+# compiles to 174 registers.
+MEMORY_STATE_BLOCK_K = STATE_BLOCK_K
+MEMORY_STATE_BLOCK_K_FP32 = 32
+
+
+def memory_key_blocks(K: int, fp32: bool) -> tuple[int, int]:
+    """(BK, NK) of the kernels that read the state from memory, for fp32 activations (``fp32``) or 16-bit ones."""
+    k_pad = max(next_power_of_2(K), MIN_BLOCK)
+    bk = min(k_pad, MEMORY_STATE_BLOCK_K_FP32 if fp32 else MEMORY_STATE_BLOCK_K)
+    return bk, k_pad // bk
+
+
+def scan_tiles(K: int, V: int, fp32: bool, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> ScanTiles:
+    """The state pass's blocks for key dim ``K``, value dim ``V``, fp32 activations (``fp32``) or 16-bit ones,
+    on a target with or without warpgroup products (``has_warpgroup_mma``): used by the launcher and the
+    static report alike. fp32 keeps the state in memory: in registers it spilled on sm_90 at every K
+    (static report: 2-69 STL up to K = 256, 417-489 at K = 512). ``tuning.state_in_memory``, where set,
+    replaces that choice (the registers hold at most four key blocks, so K = 512 fp32 stays in memory)."""
+    in_memory = fp32
+    if tuning is not None and tuning.state_in_memory is not None:
+        in_memory = tuning.state_in_memory
+    if not in_memory:
+        bk, nk = key_blocks(K)
+        return ScanTiles(bk, nk, value_block(K, V, fp32=fp32, warpgroup_mma=warpgroup_mma), False)
+    bk, nk = memory_key_blocks(K, fp32)
+    # the V tile of a state with a single key block
+    return ScanTiles(bk, nk, value_block(bk, V, fp32=fp32, warpgroup_mma=warpgroup_mma), True)
 
 
 # Diagonal block of the triangular solve (see the kernel), the default of ``DeltaTuning.solve_block``
@@ -333,7 +382,15 @@ def _delta_chunk_scan_fwd_kernel(
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
     STORE_V_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_O: tl.constexpr,
+    STATE_IN_MEMORY: tl.constexpr,
 ):
+    # The state is held as up to four [BK, BV] row blocks (b_s0..b_s3) of the [K, BV] column block.
+    # STATE_IN_MEMORY (fp32 by default, see ``scan_tiles``): it lives in ``ht`` instead (float32
+    # [N, HV, K, V], holding the initial state or zeros from the launcher, the final state at the end), and
+    # each chunk loops over its key blocks twice, reading S for the output and the writes, then updating it;
+    # what this program stores there only it reads back (its V columns). USE_INITIAL_STATE and
+    # STORE_FINAL_STATE then have no effect.
+    tl.static_assert(STATE_IN_MEMORY or NK <= 4, "the state pass holds at most four key blocks in registers")
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
@@ -347,20 +404,21 @@ def _delta_chunk_scan_fwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
 
-    b_s0 = _load_state(h0, i_n, i_hv, 0, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-    if NK > 1:
-        b_s1 = _load_state(h0, i_n, i_hv, 1, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-    if NK > 2:
-        b_s2 = _load_state(h0, i_n, i_hv, 2, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-    if NK > 3:
-        b_s3 = _load_state(h0, i_n, i_hv, 3, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+    if not STATE_IN_MEMORY:
+        b_s0 = _load_state(h0, i_n, i_hv, 0, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+        if NK > 1:
+            b_s1 = _load_state(h0, i_n, i_hv, 1, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+        if NK > 2:
+            b_s2 = _load_state(h0, i_n, i_hv, 2, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+        if NK > 3:
+            b_s3 = _load_state(h0, i_n, i_hv, 3, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
 
     for i_t in range(0, tl.cdiv(seqlen, BT)):
         t0 = i_t * BT
         m_t = (t0 + o_t) < seqlen
         tok0 = bos + t0
         tok_last = bos + tl.minimum(t0 + BT, seqlen) - 1
-        if SAVE_STATES:
+        if SAVE_STATES and not STATE_IN_MEMORY:
             _store_state(h, c0 + i_t, b_s0, i_hv, 0, o_v, HV, K, V, BK)
             if NK > 1:
                 _store_state(h, c0 + i_t, b_s1, i_hv, 1, o_v, HV, K, V, BK)
@@ -375,17 +433,25 @@ def _delta_chunk_scan_fwd_kernel(
             g_last = tl.load(gcum + tok_last * HV + i_hv)
         acc_v = tl.zeros([BT, BV], dtype=tl.float32)
         acc_o = tl.zeros([BT, BV], dtype=tl.float32)
-        acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
-                                  H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-        if NK > 1:
-            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
+        if STATE_IN_MEMORY:
+            for kb in range(NK):
+                b_s = _load_state(ht, i_n, i_hv, kb, o_v, HV, K, V, BK, BV, True)
+                if SAVE_STATES:
+                    _store_state(h, c0 + i_t, b_s, i_hv, kb, o_v, HV, K, V, BK)
+                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
+                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+        else:
+            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
                                       H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-        if NK > 2:
-            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
-                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-        if NK > 3:
-            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
-                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+            if NK > 1:
+                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
+                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+            if NK > 2:
+                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
+                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+            if NK > 3:
+                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
+                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
         b_vnew = (b_u - acc_v).to(DT)
@@ -395,19 +461,30 @@ def _delta_chunk_scan_fwd_kernel(
             tl.store(_row_ptrs(o, tok0, o_t, i_hv, HV, V, o_v), b_o.to(o.dtype.element_ty), mask=m_tv)
         if STORE_V_NEW:  # the writes, for cross-layer error routing (from registers: no extra pass)
             tl.store(_row_ptrs(vnew, tok0, o_t, i_hv, HV, V, o_v), b_vnew.to(vnew.dtype.element_ty), mask=m_tv)
-        b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
-                           H, HV, K, BK, DECAY, DOT_PRECISION)
-        if NK > 1:
-            b_s1 = _scan_write(b_s1, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 1,
+        if STATE_IN_MEMORY:
+            for kb in range(NK):
+                b_s = _load_state(ht, i_n, i_hv, kb, o_v, HV, K, V, BK, BV, True)
+                b_s = _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, kb,
+                                  H, HV, K, BK, DECAY, DOT_PRECISION)
+                # every thread has read the block before any overwrites it (the store's layout may give an
+                # element to another thread)
+                tl.debug_barrier()
+                _store_state(ht, i_n, b_s, i_hv, kb, o_v, HV, K, V, BK)
+            tl.debug_barrier()  # the next chunk's reads see these stores
+        else:
+            b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
                                H, HV, K, BK, DECAY, DOT_PRECISION)
-        if NK > 2:
-            b_s2 = _scan_write(b_s2, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 2,
-                               H, HV, K, BK, DECAY, DOT_PRECISION)
-        if NK > 3:
-            b_s3 = _scan_write(b_s3, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 3,
-                               H, HV, K, BK, DECAY, DOT_PRECISION)
+            if NK > 1:
+                b_s1 = _scan_write(b_s1, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 1,
+                                   H, HV, K, BK, DECAY, DOT_PRECISION)
+            if NK > 2:
+                b_s2 = _scan_write(b_s2, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 2,
+                                   H, HV, K, BK, DECAY, DOT_PRECISION)
+            if NK > 3:
+                b_s3 = _scan_write(b_s3, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 3,
+                                   H, HV, K, BK, DECAY, DOT_PRECISION)
 
-    if STORE_FINAL_STATE:
+    if STORE_FINAL_STATE and not STATE_IN_MEMORY:
         _store_state(ht, i_n, b_s0, i_hv, 0, o_v, HV, K, V, BK)
         if NK > 1:
             _store_state(ht, i_n, b_s1, i_hv, 1, o_v, HV, K, V, BK)
@@ -444,7 +521,7 @@ def _delta_chunk_out_fwd_kernel(
     if DECAY == DECAY_SCALAR:
         b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
     acc = tl.zeros([BT, BV], dtype=tl.float32)
-    for kb in tl.static_range(NK):
+    for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
         b_q = _decayed_q(q, gcum, tok0, o_t, m_t[:, None] & (o_k < K)[None, :], b_gs, i_h, i_hv, o_k, scale,
                          H, HV, K, DECAY)
@@ -471,13 +548,14 @@ _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN", "SOLVE_BLOCK"])(
     _delta_chunk_prep_fwd_kernel)
 _scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
-                     key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O"])(
+                     key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O",
+                           "STATE_IN_MEMORY"])(
     _delta_chunk_scan_fwd_kernel)
 _out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN"])(
     _delta_chunk_out_fwd_kernel)
 # V block of the separate output kernel (``delta_tuning(output_kernel=True)``): a [BT, 64] fp32 accumulator,
-# the tile of the backward's per-chunk kernels (CHUNK_BLOCK); at K = 128 it compiles to about 110 registers
-# without spills on sm_90 (static report).
+# the tile of the backward's per-chunk kernels (CHUNK_BLOCK); its key blocks are ``memory_key_blocks``. At
+# K = 128 it compiles to 118-140 registers (bf16) and 174 (fp32) without spills on sm_90 (static report).
 OUT_BLOCK_V = 64
 
 
@@ -529,38 +607,44 @@ def delta_chunk_fwd(
     index = chunk_indices(cu_seqlens, B, T, BT)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     flags = _flags(g, b, w)
-    BK, NK = key_blocks(K)
-    common = {"H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BK": BK, "NK": NK,
-              "IS_VARLEN": cu_seqlens is not None, "DOT_PRECISION": DOT_PRECISION}
+    fp32 = q.dtype == torch.float32
+    common = {"H": H, "HV": HV, "K": K, "V": V, "BT": BT, "IS_VARLEN": cu_seqlens is not None,
+              "DOT_PRECISION": DOT_PRECISION}
     gcum = None if g is None else torch.empty(g.shape, dtype=torch.float32, device=q.device)
     wy = q.new_empty(B, T, HV, K)
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     if index.total > 0:
-        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=q.dtype == torch.float32)
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
-            **{**common, "BK": BKP, "NK": NKP})
-    BV = value_block(K, V, fp32=q.dtype == torch.float32, warpgroup_mma=has_warpgroup_mma(q.device))
+            BK=BKP, NK=NKP, **common)
+    tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())
     # The output in the state pass (default), or in a parallel pass over every chunk from the states and
     # writes the state pass saves (delta_tuning(output_kernel=True)).
     separate = active_tuning().output_kernel
     o = torch.empty_like(v)
-    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    if tiles.state_in_memory:  # the state pass updates it in place: it starts as the initial state
+        ht = (initial_state.to(torch.float32, copy=True) if initial_state is not None
+              else q.new_zeros(N, HV, K, V, dtype=torch.float32))
+    else:
+        ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states or separate else None
     v_new = torch.empty_like(v) if output_v_new or separate else None
     if N * HV > 0:
-        _scan_fwd[(N * HV * cdiv(V, BV),)](
+        _scan_fwd[(N * HV * cdiv(V, tiles.bv),)](
             q, k, gcum, wy, u, aqk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
             index.per_sequence,
-            BV=BV, DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
+            DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states or separate,
-            STORE_V_NEW=output_v_new or separate, STORE_O=not separate, **common)
+            STORE_V_NEW=output_v_new or separate, STORE_O=not separate,
+            BK=tiles.bk, NK=tiles.nk, BV=tiles.bv, STATE_IN_MEMORY=tiles.state_in_memory, **common)
     if separate and index.total > 0:
         bv_out = min(OUT_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
+        bk_out, nk_out = memory_key_blocks(K, fp32)
         _out_fwd[(index.total * HV, cdiv(V, bv_out))](
             q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
-            DECAY=flags["DECAY"], **common)
-    return o, ht, (h if save_states else None), (v_new if output_v_new else None)
+            DECAY=flags["DECAY"], BK=bk_out, NK=nk_out, **common)
+    return o, (ht if output_final_state else None), (h if save_states else None), (v_new if output_v_new else None)

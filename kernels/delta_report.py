@@ -1,7 +1,7 @@
 """Static-report registrations of the chunked delta-rule kernels, forward and backward (lamina info --kernels).
 
-Every row is built from the tile functions the launchers call (``key_blocks``, ``prep_key_blocks`` and
-``value_block`` for the forward, ``bwd_tiles`` for the backward), so what the report compiles is what runs.
+Every row is built from the tile functions the launchers call (``prep_key_blocks``, ``scan_tiles`` and
+``memory_key_blocks`` for the forward, ``bwd_tiles`` for the backward), so what the report compiles is what runs.
 
 Two grids of (K = V, activation dtype):
 
@@ -33,17 +33,18 @@ from lamina.kernels.delta_chunk_common import (
     DecayKind,
     GateKind,
     aligned_attrs,
-    key_blocks,
-    value_block,
 )
 from lamina.kernels.delta_chunk_fwd import (
     OUT_BLOCK_V,
     PREP_BLOCK_V,
     SOLVE_BLOCK,
+    ScanTiles,
     _delta_chunk_out_fwd_kernel,
     _delta_chunk_prep_fwd_kernel,
     _delta_chunk_scan_fwd_kernel,
+    memory_key_blocks,
     prep_key_blocks,
+    scan_tiles,
 )
 from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning
 
@@ -71,19 +72,36 @@ def _fwd_signature(names: dict[str, str], constexprs: dict) -> dict[str, str]:
     return {**names, **{c: "constexpr" for c in constexprs if c not in names}}
 
 
+def _register_scan(label: str, io: str, g_ty: str, base: dict, tiles: ScanTiles, suffix: str, store_o: bool,
+                   default: bool, archs: list[int]) -> None:
+    """One row of the state pass (``store_o``: with its output; else writing v_new for the output kernel)."""
+    names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io, "ht": "*fp32",
+             "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "constexpr", "scale": "fp32",
+             "T": "i32", "NT": "i32"}
+    constexprs = {**base, "BK": tiles.bk, "NK": tiles.nk, "BV": tiles.bv, "STATE_IN_MEMORY": tiles.state_in_memory,
+                  "STORE_V_NEW": not store_o, "STORE_O": store_o}
+    signature = _fwd_signature(names, constexprs)
+    meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, signature)}
+    if len(archs) < len(TARGETS):
+        meta["archs"] = archs
+    blocks = f"BV={tiles.bv}" + (f" BK={tiles.bk}" if tiles.state_in_memory else "")
+    register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} {blocks}{suffix}", _delta_chunk_scan_fwd_kernel,
+                         signature, constexprs, num_warps=8, num_stages=1, default=default, meta=meta))
+
+
 def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
     io = f"*{dtype}"
+    fp32 = dtype == "fp32"
     V = K
     for variant, (decay, erase, write) in VARIANT_FLAGS.items():
         g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
         no_gate = {"gcum": None} if decay == DecayKind.NONE else {}
-        BK, NK = key_blocks(K)
         # dense: cu_seqlens and the chunk index tensors are None (ChunkIndex), so compile-time constants
         base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BT": DEFAULT_CHUNK_SIZE,
                 "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
-        BKP, NKP = prep_key_blocks(K, decay, fp32=dtype == "fp32")
+        BKP, NKP = prep_key_blocks(K, decay, fp32=fp32)
         prep_c = {**base, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write,
                   "SOLVE_BLOCK": SOLVE_BLOCK, "chunk_indices": None,
                   **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
@@ -99,37 +117,31 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
-        scan_names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io,
-                      "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr",
-                      "chunk_offsets": "constexpr", "scale": "fp32", "T": "i32", "NT": "i32"}
-        scan_base = {**base, "BK": BK, "NK": NK, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True,
-                     "SAVE_STATES": True, "chunk_offsets": None, **no_gate}
-        # the V tile each target runs with; one entry per distinct tile
-        per_arch: dict[int, list[int]] = {}
+        scan_base = {**base, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
+                     "chunk_offsets": None, **no_gate}
+        scan_row = (label, io, g_ty, scan_base)
+        # the tiles each target runs with; one row per distinct choice
+        per_arch: dict[ScanTiles, list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
-            per_arch.setdefault(value_block(K, V, fp32=dtype == "fp32", warpgroup_mma=warpgroup_mma),
-                                []).append(arch)
-        for BV, archs in per_arch.items():
-            scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": False, "STORE_O": True}
-            scan_sig = _fwd_signature(scan_names, scan_c)
-            meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}
-            if len(per_arch) > 1:
-                meta["archs"] = archs
-            register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV}", _delta_chunk_scan_fwd_kernel,
-                                 scan_sig, scan_c, num_warps=8, num_stages=1, meta=meta))
-        if not alternatives or not any(t.output_kernel for t in ALTERNATIVES):
+            per_arch.setdefault(scan_tiles(K, V, fp32, warpgroup_mma), []).append(arch)
+        for tiles, archs in per_arch.items():
+            _register_scan(*scan_row, tiles, " state in memory" if tiles.state_in_memory else "", True, True, archs)
+        if not alternatives:
+            continue
+        alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
+        for tuning in ALTERNATIVES:
+            tiles = scan_tiles(K, V, fp32, alt_mma, tuning)
+            if tuning.state_in_memory is not None and tiles != scan_tiles(K, V, fp32, alt_mma):
+                _register_scan(*scan_row, tiles, f" {tuning.label()}", True, False, list(ALTERNATIVE_ARCHS))
+        if not any(t.output_kernel for t in ALTERNATIVES):
             continue
         # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
         # then the output kernel
         alt = {"default": False, "num_stages": 1}
-        BV = value_block(K, V, fp32=dtype == "fp32", warpgroup_mma=TARGETS[ALTERNATIVE_ARCHS[0]])
-        scan_c = {**scan_base, "BV": BV, "STORE_V_NEW": True, "STORE_O": False}
-        scan_sig = _fwd_signature(scan_names, scan_c)
-        register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} BV={BV} output_kernel=True",
-                             _delta_chunk_scan_fwd_kernel, scan_sig, scan_c, num_warps=8, **alt,
-                             meta={"archs": list(ALTERNATIVE_ARCHS),
-                                   "attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, scan_sig)}))
-        out_c = {**base, "BK": BK, "NK": NK, "BV": min(OUT_BLOCK_V, V), "chunk_indices": None, **no_gate}
+        _register_scan(*scan_row, scan_tiles(K, V, fp32, alt_mma), " output_kernel=True", False, False,
+                       list(ALTERNATIVE_ARCHS))
+        BKO, NKO = memory_key_blocks(K, fp32)
+        out_c = {**base, "BK": BKO, "NK": NKO, "BV": min(OUT_BLOCK_V, V), "chunk_indices": None, **no_gate}
         out_sig = _fwd_signature({"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io,
                                   "cu_seqlens": "constexpr", "chunk_indices": "constexpr", "scale": "fp32",
                                   "T": "i32", "NT": "i32"},

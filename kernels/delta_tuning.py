@@ -14,6 +14,9 @@ tested against the float64 reference under the interpreter):
 * ``dh_in_memory``: where the backward's reverse scan keeps dH. None: ``bwd_tiles``'s choice (registers up
   to K = 128, memory above); True: in memory at every K (fewer live registers, two more reads and a write
   of each key block per chunk); False: in registers where they can hold it (K <= 256).
+* ``state_in_memory``: where the forward's state pass keeps the state. None: ``scan_tiles``'s choice
+  (memory for fp32 activations, registers for 16-bit ones); True: in memory (two reads and a write of
+  each key block per chunk, narrower key blocks); False: in registers (at most four key blocks).
 
 ``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
 benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when
@@ -45,14 +48,17 @@ class DeltaTuning:
     scan_bv: int | None = None
     dqk_bv: int | None = None
     dh_in_memory: bool | None = None
+    state_in_memory: bool | None = None
 
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
         if not isinstance(self.output_kernel, bool):
             raise ValueError(f"delta_tuning: output_kernel must be a bool, got {self.output_kernel!r}")
-        if self.dh_in_memory is not None and not isinstance(self.dh_in_memory, bool):
-            raise ValueError(f"delta_tuning: dh_in_memory must be None or a bool, got {self.dh_in_memory!r}")
+        for name in ("dh_in_memory", "state_in_memory"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"delta_tuning: {name} must be None or a bool, got {value!r}")
         for name in ("prep_bv", "scan_bv", "dqk_bv"):
             value = getattr(self, name)
             if value is not None and value not in BWD_VALUE_BLOCKS:
@@ -66,7 +72,9 @@ class DeltaTuning:
     @property
     def changes_forward(self) -> bool:
         """Whether the forward kernels run differently (else only the backward's do)."""
-        return self.solve_block != DeltaTuning().solve_block or self.output_kernel
+        base = DeltaTuning()
+        return (self.solve_block != base.solve_block or self.output_kernel != base.output_kernel
+                or self.state_in_memory != base.state_in_memory)
 
     def label(self) -> str:
         """``"default"``, or the choices that differ from the defaults, e.g. ``"solve_block=16"``."""
@@ -74,11 +82,11 @@ class DeltaTuning:
 
 
 # The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
-# non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, a wider value block
-# for each backward kernel, and the reverse scan's dH in memory.
+# non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, the forward's state
+# in memory, a wider value block for each backward kernel, and the reverse scan's dH in memory.
 ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
-                DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32), DeltaTuning(prep_bv=32),
-                DeltaTuning(dh_in_memory=True))
+                DeltaTuning(state_in_memory=True), DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32),
+                DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True))
 # The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
 ALTERNATIVE_ARCHS = (90,)
 

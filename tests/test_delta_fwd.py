@@ -230,21 +230,22 @@ def test_separate_output_kernel(monkeypatch, variant):
     assert len(launched) == 4
 
 
-def spy_prep_launches(monkeypatch, *names):
-    """Record the named launch arguments of every preparation-kernel launch (a list of tuples)."""
+def spy_launches(monkeypatch, kernel_name, *names):
+    """Record the named launch arguments of every launch of the forward's kernel ``kernel_name`` (a
+    ``kernels/delta_chunk_fwd.py`` attribute): a list of tuples, None for a name the launch does not pass."""
     import lamina.kernels.delta_chunk_fwd as fwd
 
     launched = []
-    kernel = fwd._prep_fwd
+    kernel = getattr(fwd, kernel_name)
 
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launched.append(tuple(kw[n] for n in names))
+                launched.append(tuple(kw.get(n) for n in names))
                 return kernel[grid](*args, **kw)
             return launch
 
-    monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    monkeypatch.setattr(fwd, kernel_name, Spy())
     return launched
 
 
@@ -255,7 +256,7 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
     the reference's results for every variant, and the preparation kernel is launched with it."""
     from lamina.kernels.delta_tuning import delta_tuning
 
-    launched = spy_prep_launches(monkeypatch, "SOLVE_BLOCK")
+    launched = spy_launches(monkeypatch, "_prep_fwd", "SOLVE_BLOCK")
     with delta_tuning(solve_block=solve_block):
         check_against_reference(variant, 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
     assert launched == [(solve_block,)]
@@ -268,7 +269,79 @@ def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype):
     the wider blocks (unrolled); both give the reference's results over several key blocks."""
     from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32
 
-    launched = spy_prep_launches(monkeypatch, "BK", "NK")
+    launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK")
     check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
     want = (PREP_BLOCK_K_FP32 if dtype == torch.float32 else PREP_BLOCK_K)[VARIANTS[variant][0]]
     assert launched == [(want, 128 // want)] and 128 // want > 1
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype,in_memory", [(torch.float32, None), (torch.float32, False), (torch.bfloat16, True)],
+                         ids=["fp32-default", "fp32-registers", "bf16-memory"])
+def test_state_pass_in_memory_and_in_registers(monkeypatch, variant, dtype, in_memory):
+    """The state pass with its state in memory (fp32's default, ``delta_tuning(state_in_memory=True)`` for
+    16-bit) or in registers gives the reference's outputs and final state over several key blocks, with
+    varlen and an initial state it must not modify; its chunk-start states match the other path's."""
+    from lamina.kernels.delta_chunk_fwd import MEMORY_STATE_BLOCK_K, MEMORY_STATE_BLOCK_K_FP32
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    launched = spy_launches(monkeypatch, "_scan_fwd", "STATE_IN_MEMORY", "BK", "NK")
+    inputs = make_inputs(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 71, 100], h0=True)
+    s0 = inputs[6].clone()
+    with delta_tuning(state_in_memory=in_memory):
+        (_, _, _, _, _, _, s0_after, _), h = check_against_reference(
+            variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 71, 100], h0=True)
+    assert torch.equal(s0_after, s0)
+    memory = in_memory is not False
+    bk = 64 if not memory else (MEMORY_STATE_BLOCK_K_FP32 if dtype == torch.float32 else MEMORY_STATE_BLOCK_K)
+    assert launched == [(memory, bk, 128 // bk)] and 128 // bk > 1
+    with delta_tuning(state_in_memory=not memory):
+        h_other = chunk_fwd(*inputs[:6], 128 ** -0.5, inputs[6], True, inputs[7])[2]
+    assert_close("h", h, h_other.double(), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_fwd_report_matches_launch(monkeypatch, dtype):
+    """Every forward kernel the launcher runs, on each target and under each forward alternative, is a row of the
+    static report with the blocks it launched with (rows registered here for K = V = 64, as the full grid does)."""
+    import lamina.kernels._utils as utils
+    import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_report import TARGETS, _register_fwd
+    from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, delta_tuning
+
+    K, name = 64, {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    monkeypatch.setattr(utils, "_REGISTRY", [])
+    _register_fwd(K, name, True)
+    rows = utils.registered_aot()
+    kernels = {"_prep_fwd": "delta_chunk_prep_fwd", "_scan_fwd": "delta_chunk_scan_fwd",
+               "_out_fwd": "delta_chunk_out_fwd"}
+    blocks = ("BK", "NK", "BV", "SOLVE_BLOCK", "STATE_IN_MEMORY", "STORE_O")
+    spies = {kernel: spy_launches(monkeypatch, kernel, *blocks) for kernel in kernels}
+    checked, expected = 0, 0
+    for arch, warpgroup_mma in TARGETS.items():
+        monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=warpgroup_mma: wg)
+        tunings = [DeltaTuning()] + [t for t in ALTERNATIVES if t.changes_forward and arch in ALTERNATIVE_ARCHS]
+        for variant in VARIANTS:
+            inputs = make_inputs(variant, 1, 20, 2, 2, K, K, dtype, h0=True)
+            label = f"{variant} {name} K={K} V={K}"
+            for tuning in tunings:
+                for launched in spies.values():
+                    launched.clear()
+                with delta_tuning(**tuning.choices()):
+                    fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7])
+                expected += 3 if tuning.output_kernel else 2
+                for kernel, launched in spies.items():
+                    candidates = [r for r in rows if r.name == kernels[kernel]
+                                  and (r.config == label or r.config.startswith(label + " "))]
+                    named = [r for r in candidates if not r.default and r.config.endswith(" " + tuning.label())]
+                    plain = [r for r in candidates if r.default and arch in r.meta.get("archs", TARGETS)]
+                    if not launched:
+                        assert kernel == "_out_fwd" and not named, (label, tuning)
+                        continue
+                    assert len(launched) == 1 and len(named or plain) == 1, (kernel, label, tuning, arch)
+                    row = (named or plain)[0]
+                    want = tuple(row.constexprs.get(n) for n in blocks)
+                    got = tuple(value if n in row.constexprs else None for n, value in zip(blocks, launched[0]))
+                    assert got == want, f"{row.name} {row.config} sm_{arch} under {tuning.label()}"
+                    checked += 1
+    assert checked == expected, (checked, expected)
