@@ -62,6 +62,10 @@ FP32_PREP_BLOCK_V = 32
 FP32_SCAN_BLOCK_K = 32
 FP32_SCAN_BLOCK_V = 16
 FP32_DENSE_DQK_BLOCK_K = 16
+# V block of the fp32 prep kernel with per-channel decay on targets without warpgroup products: sm_80,
+# Triton 3.9, KDA and GDN-2 spilled 1 STL at FP32_PREP_BLOCK_V from K = 64 to 512 (255 registers), and
+# compile to 238 registers at 16 (at 16 the dense decays sit at 254, so they keep 32).
+MMA_SYNC_FP32_CHANNEL_PREP_BLOCK_V = 16
 # Warps and pipeline stages of all three kernels, at run time and in the static report alike. Each
 # program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
 # (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
@@ -109,8 +113,10 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
     )
     if fp32:
+        channel_mma_sync = not warpgroup_mma and decay == DecayKind.CHANNEL
         tiles = tiles._replace(
-            prep_bk=_pow2_block(K, FP32_PREP_BLOCK_K), prep_bv=_pow2_block(V, FP32_PREP_BLOCK_V),
+            prep_bk=_pow2_block(K, FP32_PREP_BLOCK_K),
+            prep_bv=_pow2_block(V, MMA_SYNC_FP32_CHANNEL_PREP_BLOCK_V if channel_mma_sync else FP32_PREP_BLOCK_V),
             scan_bk=_pow2_block(K, FP32_SCAN_BLOCK_K), scan_bv=_pow2_block(V, FP32_SCAN_BLOCK_V), dh_in_memory=True,
             dqk_bk=tiles.dqk_bk if decay == DecayKind.CHANNEL else FP32_DENSE_DQK_BLOCK_K,
         )
