@@ -76,12 +76,21 @@ PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
 # K = 64 to 512): with the 16-bit tiles the prep spilled 2-174 STL from K = 128 on (KDA and GDN-2 from
 # K = 64); with these, and the kernel's key loop rolled for fp32, none did.
 PREP_BLOCK_K_FP32 = {DecayKind.NONE: 32, DecayKind.SCALAR: 32, DecayKind.CHANNEL: 16}
+# The fp32 K tile on targets without warpgroup products (mma.sync keeps every operand in registers). Static
+# report, sm_80, Triton 3.9: DeltaNet and GDN spilled 32-40 STL at K = 128 with 32-column blocks and compile
+# to 254-255 registers without spills at 16 (K = 64 to 512); per-channel decay still spills at 16 (8-10 STL).
+PREP_BLOCK_K_FP32_MMA_SYNC = 16
 
 
-def prep_key_blocks(K: int, decay: int, fp32: bool = False) -> tuple[int, int]:
-    """(BK, NK) of the preparation kernel's K loops, for fp32 activations (``fp32``) or 16-bit ones."""
+def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
+    """(BK, NK) of the preparation kernel's K loops, for fp32 activations (``fp32``) or 16-bit ones, on a
+    target with or without warpgroup products (``has_warpgroup_mma``)."""
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    bk = min(k_pad, (PREP_BLOCK_K_FP32 if fp32 else PREP_BLOCK_K)[decay])
+    if not fp32:
+        bk = PREP_BLOCK_K[decay]
+    else:
+        bk = PREP_BLOCK_K_FP32[decay] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
+    bk = min(k_pad, bk)
     return bk, k_pad // bk
 
 
@@ -615,7 +624,7 @@ def delta_chunk_fwd(
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     if index.total > 0:
-        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=has_warpgroup_mma(q.device))
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
             BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),

@@ -101,20 +101,27 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                 "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
-        BKP, NKP = prep_key_blocks(K, decay, fp32=fp32)
-        prep_c = {**base, "BK": BKP, "NK": NKP, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write,
-                  "SOLVE_BLOCK": SOLVE_BLOCK, "chunk_indices": None,
-                  **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
+        prep_c = {**base, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK,
+                  "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
         prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
                                    "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
-                                   "scale": "fp32", "T": "i32", "NT": "i32"}, prep_c)
+                                   "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr"},
+                                  prep_c)
         prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
-        register_aot(AotSpec("delta_chunk_prep_fwd", label, _delta_chunk_prep_fwd_kernel, prep_sig, prep_c,
-                             num_warps=8, num_stages=1, meta={"attrs": prep_attrs}))
+        # the key blocks each target runs with; one row per distinct choice
+        prep_archs: dict[tuple[int, int], list[int]] = {}
+        for arch, warpgroup_mma in TARGETS.items():
+            prep_archs.setdefault(prep_key_blocks(K, decay, fp32, warpgroup_mma), []).append(arch)
+        for (BKP, NKP), archs in prep_archs.items():
+            meta = {"attrs": prep_attrs, **({"archs": archs} if len(archs) < len(TARGETS) else {})}
+            register_aot(AotSpec("delta_chunk_prep_fwd", label + (f" BK={BKP}" if len(prep_archs) > 1 else ""),
+                                 _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, "BK": BKP, "NK": NKP},
+                                 num_warps=8, num_stages=1, meta=meta))
+        BKP, NKP = prep_key_blocks(K, decay, fp32, TARGETS[ALTERNATIVE_ARCHS[0]])
         for tuning in (t for t in ALTERNATIVES if alternatives and t.solve_block != SOLVE_BLOCK):
             register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
-                                 prep_sig, {**prep_c, "SOLVE_BLOCK": tuning.solve_block}, num_warps=8,
-                                 num_stages=1, default=False,
+                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "SOLVE_BLOCK": tuning.solve_block},
+                                 num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
         scan_base = {**base, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,

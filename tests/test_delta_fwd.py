@@ -263,15 +263,22 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype):
-    """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled), 16-bit ones
-    the wider blocks (unrolled); both give the reference's results over several key blocks."""
-    from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32
+@pytest.mark.parametrize("dtype,warpgroup_mma", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)],
+                         ids=["fp32-sm90", "fp32-sm80", "bf16"])
+def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
+    """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; narrower still
+    on targets without warpgroup products), 16-bit ones the wider blocks (unrolled); each gives the
+    reference's results over several key blocks."""
+    import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32, PREP_BLOCK_K_FP32_MMA_SYNC
 
+    monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device: warpgroup_mma)
     launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK")
     check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
-    want = (PREP_BLOCK_K_FP32 if dtype == torch.float32 else PREP_BLOCK_K)[VARIANTS[variant][0]]
+    if dtype != torch.float32:
+        want = PREP_BLOCK_K[VARIANTS[variant][0]]
+    else:
+        want = PREP_BLOCK_K_FP32[VARIANTS[variant][0]] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
     assert launched == [(want, 128 // want)] and 128 // want > 1
 
 
