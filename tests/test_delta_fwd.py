@@ -352,3 +352,16 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                     assert got == want, f"{row.name} {row.config} sm_{arch} under {tuning.label()}"
                     checked += 1
     assert checked == expected, (checked, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_memory", [False, True], ids=["registers", "memory"])
+def test_state_pass_at_keys_of_512(monkeypatch, in_memory):
+    """bf16 at K = 512: four 128-row register blocks (the default) or eight 64-row blocks in memory, against
+    the reference over two chunks with an initial state."""
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    launched = spy_launches(monkeypatch, "_scan_fwd", "STATE_IN_MEMORY", "NK")
+    with delta_tuning(state_in_memory=in_memory):
+        check_against_reference("gdn2", 1, 70, 1, 1, 512, 32, torch.bfloat16, h0=True)
+    assert launched == [(in_memory, 8 if in_memory else 4)]
