@@ -556,9 +556,28 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN", "SOLVE_BLOCK"])(
     _delta_chunk_prep_fwd_kernel)
+def _restore_state_hooks() -> tuple:
+    """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
+    run starts from a copy of the state the call was given (else the runs that pick a config would advance
+    it several times). Triton's ``restore_value`` fails on a None ``ht`` under Triton 3.6 (the register
+    pass without a final state)."""
+    saved = {}
+
+    def pre_hook(kwargs, reset_only=False):
+        if not reset_only and kwargs.get("STATE_IN_MEMORY") and kwargs["ht"] is not None:
+            saved["ht"] = kwargs["ht"].clone()
+
+    def post_hook(kwargs, exception):
+        if "ht" in saved:
+            kwargs["ht"].copy_(saved.pop("ht"))
+
+    return pre_hook, post_hook
+
+
+_scan_pre_hook, _scan_post_hook = _restore_state_hooks()
 _scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O",
-                           "STATE_IN_MEMORY"])(
+                          "STATE_IN_MEMORY"], pre_hook=_scan_pre_hook, post_hook=_scan_post_hook)(
     _delta_chunk_scan_fwd_kernel)
 _out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN"])(
     _delta_chunk_out_fwd_kernel)

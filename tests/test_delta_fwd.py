@@ -365,3 +365,24 @@ def test_state_pass_at_keys_of_512(monkeypatch, in_memory):
     with delta_tuning(state_in_memory=in_memory):
         check_against_reference("gdn2", 1, 70, 1, 1, 512, 32, torch.bfloat16, h0=True)
     assert launched == [(in_memory, 8 if in_memory else 4)]
+
+
+def test_autotuner_restores_the_state_in_memory():
+    """The autotuner's timed runs of the state pass start from the state the call was given: its hooks save
+    ``ht`` before each run with the state in memory and put it back after (a None ``ht`` is left alone)."""
+    import lamina.kernels.delta_chunk_fwd as fwd
+
+    tuner = fwd._scan_fwd
+    ht = torch.randn(2, 2, 32, 32)
+    given = ht.clone()
+    for in_memory in (True, False):
+        kwargs = {"ht": ht, "STATE_IN_MEMORY": in_memory}
+        tuner.pre_hook(kwargs)
+        ht.add_(1.0)  # what a timed run does to it
+        tuner.post_hook(kwargs, exception=None)
+        assert torch.equal(ht, given) == in_memory
+        ht.copy_(given)
+    tuner.pre_hook({"ht": ht, "STATE_IN_MEMORY": True}, reset_only=True)  # after the choice: nothing to restore
+    tuner.post_hook({"ht": ht}, exception=None)
+    tuner.pre_hook({"ht": None, "STATE_IN_MEMORY": False})
+    tuner.post_hook({"ht": None, "STATE_IN_MEMORY": False}, exception=None)
