@@ -18,6 +18,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     load_state_tile,
     load_tile,
     load_vec,
+    masked_rows_gram,
     row_of,
     rows_gram,
 )
@@ -31,7 +32,7 @@ def _delta_chunk_bwd_dqk_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
@@ -52,6 +53,8 @@ def _delta_chunk_bwd_dqk_kernel(
     k0 = i_k * BK
     lower = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
+    upper = o_t[:, None] <= o_t[None, :]
+    strict_upper = o_t[:, None] < o_t[None, :]
     rows64 = t0 + o_t.to(tl.int64)
     row_mask = o_t < L
     tile_mask = row_mask[:, None] & ((k0 + o_k) < K)[None, :]
@@ -89,6 +92,7 @@ def _delta_chunk_bwd_dqk_kernel(
             gamma = tl.exp(G)[:, None]
             tail = tl.exp(g_last - G)[:, None]
         else:
+            G = 0.0
             gamma = 1.0
             tail = 1.0
         dq_h = dq_h * (gamma * scale)
@@ -117,24 +121,27 @@ def _delta_chunk_bwd_dqk_kernel(
             dM = tl.where(strict, -dM, 0.0)
             dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, dq_h, de_h, dk_h, BT)
         else:
-            # one [BT, BT] tile at a time: dP's products are done before dM is formed
+            # one [BT, BT] tile at a time: dP's products are done before dM is formed. With REGRAM the
+            # transposes that dk takes are grams of their own, U dO^T and U dR^T (masked above the diagonal),
+            # formed after dq's and dE's products, instead of tl.trans of dP and dM.
             k_c = k_in.to(DT)
-            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == DECAY_SCALAR:
-                dP = dP * scale * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+            dP = masked_rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, G, lower, DECAY, DT,
+                                  DOT_PRECISION) * scale
+            dq_h = tl.dot(dP.to(DT), k_c, dq_h, input_precision=DOT_PRECISION)
+            if not REGRAM:
+                dk_h = tl.dot(tl.trans(dP.to(DT)), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
+            dM = -masked_rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, G, strict, DECAY, DT,
+                                   DOT_PRECISION)
+            de_h = tl.dot(dM.to(DT), k_c, de_h, input_precision=DOT_PRECISION)
+            if REGRAM:
+                dP_T = masked_rows_gram(U_buf, do, t0, L, HV * V, val_head, o_t, o_bv, V, -G, upper, DECAY, DT,
+                                        DOT_PRECISION) * scale
+                dk_h = tl.dot(dP_T.to(DT), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
+                dM_T = -masked_rows_gram(U_buf, dR_buf, t0, L, HV * V, val_head, o_t, o_bv, V, -G, strict_upper,
+                                         DECAY, DT, DOT_PRECISION)
+                dk_h = tl.dot(dM_T.to(DT), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
             else:
-                dP = tl.where(lower, dP * scale, 0.0)
-            dP_c = dP.to(DT)
-            dq_h = tl.dot(dP_c, k_c, dq_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(tl.trans(dP_c), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
-            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            if DECAY == DECAY_SCALAR:
-                dM = -dM * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
-            else:
-                dM = tl.where(strict, -dM, 0.0)
-            dM_c = dM.to(DT)
-            de_h = tl.dot(dM_c, k_c, de_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(tl.trans(dM_c), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
+                dk_h = tl.dot(tl.trans(dM.to(DT)), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
         dq_acc += dq_h
         dk_acc += dk_h + b_t * de_h
 

@@ -105,6 +105,18 @@ def rows_gram(x, y, t0, L, row_stride, head_off, o_t, o_c, N_COLS, DT: tl.conste
 
 
 @triton.jit
+def masked_rows_gram(x, y, t0, L, row_stride, head_off, o_t, o_c, N_COLS, G, mask, DECAY: tl.constexpr,
+                     DT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``rows_gram(x, y)`` where ``mask`` holds and 0 elsewhere, each entry ``(i, j)`` times
+    ``exp(G_i - G_j)`` for a scalar decay (DECAY_SCALAR; ``G`` is ``[BT]``, unused otherwise). Called with
+    the operands swapped and ``-G``, it gives the transpose of the call with them in order."""
+    R = rows_gram(x, y, t0, L, row_stride, head_off, o_t, o_c, N_COLS, DT, DOT_PRECISION)
+    if DECAY == DECAY_SCALAR:
+        R = R * tl.exp(tl.where(mask, G[:, None] - G[None, :], float("-inf")))
+    return tl.where(mask, R, 0.0)
+
+
+@triton.jit
 def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
     """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), for two
     left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``).

@@ -62,6 +62,14 @@ FP32_PREP_BLOCK_V = 32
 FP32_SCAN_BLOCK_K = 32
 FP32_SCAN_BLOCK_V = 16
 FP32_DENSE_DQK_BLOCK_K = 16
+# ``dqk_regram``: with a dense decay, the dqk kernel's dk takes dP^T and dM^T ([BT, BT]). A transposed
+# operand of a tf32x3 product is rebuilt in registers (tf32 products read both operands K-major) while dP
+# and dM are still live. So fp32 forms the two as grams of their own (U dO^T and U dR^T, two more [BT, BT]
+# products over V) after dq's and dE's products. 16-bit keeps the transposes: they fit and cost no products.
+# Static report, fp32, K = 64 to 512, STL before -> after:
+#   sm_90, Triton 3.9: DeltaNet 20 -> 0 (240 registers), Gated DeltaNet 49 -> 24;
+#   sm_90, Triton 3.6: DeltaNet 0 -> 0 (224 -> 246 registers), Gated DeltaNet 9 -> 16;
+#   sm_80, Triton 3.9: DeltaNet 33-34 -> 25-26, Gated DeltaNet 112 -> 93.
 # V block of the fp32 prep kernel with per-channel decay on targets without warpgroup products: sm_80,
 # Triton 3.9, KDA and GDN-2 spilled 1 STL at FP32_PREP_BLOCK_V from K = 64 to 512 (255 registers), and
 # compile to 238 registers at 16 (at 16 the dense decays sit at 254, so they keep 32).
@@ -85,8 +93,10 @@ def scan_block_v(K: int, V: int) -> int:
 
 
 class BwdTiles(NamedTuple):
-    """Key/value blocks of the three backward kernels for one shape and decay kind, and where the reverse
-    scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one key block at a time)."""
+    """Key/value blocks of the three backward kernels for one shape and decay kind, where the reverse
+    scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one key block at a time), and
+    whether the dqk kernel forms the transposed intra-chunk gradients as grams of their own
+    (``dqk_regram``: fp32 with a dense decay)."""
 
     prep_bk: int
     prep_bv: int
@@ -95,6 +105,7 @@ class BwdTiles(NamedTuple):
     dqk_bk: int
     dqk_bv: int
     dh_in_memory: bool = False
+    dqk_regram: bool = False
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None,
@@ -119,6 +130,7 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
             prep_bv=_pow2_block(V, MMA_SYNC_FP32_CHANNEL_PREP_BLOCK_V if channel_mma_sync else FP32_PREP_BLOCK_V),
             scan_bk=_pow2_block(K, FP32_SCAN_BLOCK_K), scan_bv=_pow2_block(V, FP32_SCAN_BLOCK_V), dh_in_memory=True,
             dqk_bk=tiles.dqk_bk if decay == DecayKind.CHANNEL else FP32_DENSE_DQK_BLOCK_K,
+            dqk_regram=decay != DecayKind.CHANNEL,
         )
     if tuning is None:
         return tiles
