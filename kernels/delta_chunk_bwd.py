@@ -109,6 +109,12 @@ from lamina.kernels.delta_tuning import active_tuning
 __all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_K", "NUM_STAGES", "NUM_WARPS", "BwdTiles",
            "bwd_tiles", "delta_chunk_bwd", "has_warpgroup_mma", "scan_block_v"]
 
+# Rows of the chunk per product of the fp32 reverse scan's dR = A^T dU (the smallest tl.dot side). Static
+# report, fp32, K = 128 and 512, STL with the whole chunk -> with 16-row pieces: sm_90, Triton 3.6: DeltaNet,
+# KDA, GDN-2 17 / 34 / 26 -> 0 (184-230 registers); Triton 3.9 (no spills either way): 223-255 -> 180-216
+# registers. 32-row pieces left KDA at 254 under 3.6.
+FP32_DR_ROWS = tl.constexpr(16)
+
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
@@ -257,6 +263,8 @@ def _delta_chunk_bwd_dh_kernel(
         t0 = bos + i_t * BT
         L = eos - t0
         # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
+        val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
+        val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
         dU = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if DH_IN_MEMORY:
             for k0 in range(0, K, BK):
@@ -286,12 +294,25 @@ def _delta_chunk_bwd_dh_kernel(
         # past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads) and dR
         # came out NaN.
         a_base = A_buf + t0 * (HV * BT) + i_hv * BT
-        A_T = tl.load(a_base + o_t[:, None] + (o_t * (HV * BT))[None, :], mask=(o_t < L)[None, :],
-                      other=0.0).to(DT)
-        dR = tl.dot(A_T, dU.to(DT), input_precision=DOT_PRECISION)
+        if DT == tl.float32:
+            # fp32: dR = A^T dU over FP32_DR_ROWS-row pieces of the chunk (A^T's columns, dU's rows). A whole
+            # [BT, BT] A^T split into its tf32x3 halves spilled (Triton 3.6, sm_90: 17-34 STL); dU goes to
+            # its dR_buf slot so that its rows can be read back piece by piece.
+            tl.store(dR_buf + val_offs, dU, mask=val_mask)
+            tl.debug_barrier()
+            o_p = tl.arange(0, FP32_DR_ROWS)
+            dR = tl.zeros([BT, BV], dtype=tl.float32)
+            for j0 in range(0, BT, FP32_DR_ROWS):
+                A_Tp = tl.load(a_base + o_t[:, None] + ((j0 + o_p) * (HV * BT))[None, :],
+                               mask=((j0 + o_p) < L)[None, :], other=0.0)
+                dU_p = load_rows(dR_buf, t0 + j0, L - j0, HV * V, i_hv * V, v0, o_p, o_bv, V)
+                dR = tl.dot(A_Tp, dU_p, dR, input_precision=DOT_PRECISION)
+            tl.debug_barrier()  # every piece is read before dR overwrites the slot
+        else:
+            A_T = tl.load(a_base + o_t[:, None] + (o_t * (HV * BT))[None, :], mask=(o_t < L)[None, :],
+                          other=0.0).to(DT)
+            dR = tl.dot(A_T, dU.to(DT), input_precision=DOT_PRECISION)
 
-        val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
-        val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
         v_t = load_rows(v, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if WRITE == GATE_CHANNEL:
             w_t = load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
