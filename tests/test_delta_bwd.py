@@ -249,6 +249,23 @@ def test_bwd_warpgroup_tiles(kinds, monkeypatch):
     check_case(*build_case(1, 40, 2, 2, 64, 32, kinds))
 
 
+def test_fp32_report_rows_regram_with_a_dense_decay(monkeypatch):
+    # the fp32 rows (full grid) compile the dqk kernel as the launcher runs it: dk's transposed gradients as
+    # grams of their own with a dense decay, tl.trans of dP and dM with a per-channel one and in 16-bit
+    import lamina.kernels._utils as utils
+    from lamina.kernels.delta_chunk_common import DecayKind
+    from lamina.kernels.delta_report import _register_bwd
+
+    monkeypatch.setattr(utils, "_REGISTRY", [])
+    for dtype in ("fp32", "bf16"):
+        _register_bwd(64, dtype, False)
+    rows = [s for s in utils.registered_aot() if s.name == "_delta_chunk_bwd_dqk_kernel"]
+    assert len(rows) >= 8
+    for spec in rows:
+        want = spec.signature["k"] == "*fp32" and spec.constexprs["DECAY"] != DecayKind.CHANNEL
+        assert spec.constexprs["REGRAM"] == want, spec.config
+
+
 def test_bwd_report_matches_launch():
     # every registered configuration is what the launcher runs on the targets it is registered for: the
     # defaults, and (non-default rows) under the speed alternative the row names
@@ -278,6 +295,8 @@ def test_bwd_report_matches_launch():
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
             if spec.name == "_delta_chunk_bwd_dh_kernel":
                 assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
+            if spec.name == "_delta_chunk_bwd_dqk_kernel":
+                assert c["REGRAM"] == tiles.dqk_regram, spec.config
             if spec.default:
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"

@@ -307,6 +307,9 @@ def test_state_pass_in_memory_and_in_registers(monkeypatch, variant, dtype, in_m
     assert_close("h", h, h_other.double(), dtype=dtype)
 
 
+# grid: the kernels it launches (per target and alternative) run in the tests above; what it checks is the tile
+# plumbing between the launcher and the report, plain Python that does not change with the Triton version
+@pytest.mark.grid
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fwd_report_matches_launch(monkeypatch, dtype):
     """Every forward kernel the launcher runs, on each target and under each forward alternative, is a row of the
