@@ -47,6 +47,7 @@ from lamina.kernels.delta_chunk_common import (
     STATE_BLOCK_K,
     SUB_BLOCK_C,
     DecayKind,
+    GateKind,
     _col_ptrs,
     _load_state,
     _masked_exp,
@@ -78,8 +79,13 @@ PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
 PREP_BLOCK_K_FP32 = {DecayKind.NONE: 32, DecayKind.SCALAR: 32, DecayKind.CHANNEL: 16}
 # The fp32 K tile on targets without warpgroup products (mma.sync keeps every operand in registers). Static
 # report, sm_80, Triton 3.9: DeltaNet and GDN spilled 32-40 STL at K = 128 with 32-column blocks and compile
-# to 254-255 registers without spills at 16 (K = 64 to 512); per-channel decay still spills at 16 (8-10 STL).
+# to 254-255 registers without spills at 16 (K = 64 to 512). Per-channel decay spilled 8-10 STL at 16 until
+# its sub-block loop was rolled (see _gram_key_block).
 PREP_BLOCK_K_FP32_MMA_SYNC = 16
+# The fp32 V tile on those targets with a per-channel write gate (GDN-2), whose U = A Z loop loads a
+# [BT, BV] gate tile next to Z. Static report, sm_80, Triton 3.9, K = 128 and 512: GDN-2 3 STL at
+# PREP_BLOCK_V, none at 16; KDA (a scalar write gate) none at PREP_BLOCK_V and 1 STL at 16, so it keeps it.
+PREP_BLOCK_V_FP32_MMA_SYNC_CHANNEL_WRITE = 16
 
 
 def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
@@ -92,6 +98,14 @@ def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool 
         bk = PREP_BLOCK_K_FP32[decay] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
     bk = min(k_pad, bk)
     return bk, k_pad // bk
+
+
+def prep_value_block(V: int, write: int, fp32: bool = False, warpgroup_mma: bool = True) -> int:
+    """BV of the preparation kernel's U = A Z loop for value dim ``V`` and write-gate kind ``write``
+    (``GateKind``), for fp32 or 16-bit activations, on a target with or without warpgroup products."""
+    narrow = fp32 and not warpgroup_mma and write == GateKind.CHANNEL
+    return min(PREP_BLOCK_V_FP32_MMA_SYNC_CHANNEL_WRITE if narrow else PREP_BLOCK_V,
+               max(next_power_of_2(V), MIN_BLOCK))
 
 
 class ScanTiles(NamedTuple):
@@ -647,10 +661,11 @@ def delta_chunk_fwd(
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     if index.total > 0:
-        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=has_warpgroup_mma(q.device))
+        warpgroup_mma = has_warpgroup_mma(q.device)
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=warpgroup_mma)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
-            BV=min(PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK)),
+            BV=prep_value_block(V, flags["WRITE"], fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             BK=BKP, NK=NKP, **common)
     tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())

@@ -35,7 +35,6 @@ from lamina.kernels.delta_chunk_common import (
 )
 from lamina.kernels.delta_chunk_fwd import (
     OUT_BLOCK_V,
-    PREP_BLOCK_V,
     SOLVE_BLOCK,
     ScanTiles,
     _delta_chunk_out_fwd_kernel,
@@ -43,6 +42,7 @@ from lamina.kernels.delta_chunk_fwd import (
     _delta_chunk_scan_fwd_kernel,
     memory_key_blocks,
     prep_key_blocks,
+    prep_value_block,
     scan_tiles,
 )
 from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning
@@ -99,26 +99,31 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                 "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
-        prep_c = {**base, "BV": min(PREP_BLOCK_V, V), "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK,
+        prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK,
                   "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
         prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
                                    "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
-                                   "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr"},
+                                   "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr",
+                                   "BV": "constexpr"},
                                   prep_c)
         prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
-        # the key blocks each target runs with; one row per distinct choice
-        prep_archs: dict[tuple[int, int], list[int]] = {}
+        # the blocks each target runs with; one row per distinct choice
+        prep_archs: dict[tuple[int, int, int], list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
-            prep_archs.setdefault(prep_key_blocks(K, decay, fp32, warpgroup_mma), []).append(arch)
-        for (BKP, NKP), archs in prep_archs.items():
+            blocks = (*prep_key_blocks(K, decay, fp32, warpgroup_mma), prep_value_block(V, write, fp32, warpgroup_mma))
+            prep_archs.setdefault(blocks, []).append(arch)
+        for (BKP, NKP, BVP), archs in prep_archs.items():
             meta = {"attrs": prep_attrs, **({"archs": archs} if len(archs) < len(TARGETS) else {})}
-            register_aot(AotSpec("delta_chunk_prep_fwd", label + (f" BK={BKP}" if len(prep_archs) > 1 else ""),
-                                 _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, "BK": BKP, "NK": NKP},
+            register_aot(AotSpec("delta_chunk_prep_fwd",
+                                 label + (f" BK={BKP} BV={BVP}" if len(prep_archs) > 1 else ""),
+                                 _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP},
                                  num_warps=8, num_stages=1, meta=meta))
-        BKP, NKP = prep_key_blocks(K, decay, fp32, TARGETS[ALTERNATIVE_ARCHS[0]])
+        alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
+        BKP, NKP = prep_key_blocks(K, decay, fp32, alt_mma)
         for tuning in (t for t in ALTERNATIVES if alternatives and t.solve_block != SOLVE_BLOCK):
             register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
-                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "SOLVE_BLOCK": tuning.solve_block},
+                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": prep_value_block(V, write, fp32, alt_mma),
+                                            "SOLVE_BLOCK": tuning.solve_block},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
@@ -133,7 +138,6 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
             _register_scan(*scan_row, tiles, " state in memory" if tiles.state_in_memory else "", True, True, archs)
         if not alternatives:
             continue
-        alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
         for tuning in ALTERNATIVES:
             tiles = scan_tiles(K, V, fp32, alt_mma, tuning)
             if tuning.state_in_memory is not None and tiles != scan_tiles(K, V, fp32, alt_mma):

@@ -267,19 +267,21 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
                          ids=["fp32-sm90", "fp32-sm80", "bf16"])
 def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
     """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; narrower still
-    on targets without warpgroup products), 16-bit ones the wider blocks (unrolled); each gives the
-    reference's results over several key blocks."""
+    on targets without warpgroup products, where GDN-2's V tile narrows too), 16-bit ones the wider blocks
+    (unrolled); each gives the reference's results over several key blocks."""
     import lamina.kernels.delta_chunk_fwd as fwd
     from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32, PREP_BLOCK_K_FP32_MMA_SYNC
 
     monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device: warpgroup_mma)
-    launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK")
+    launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BV")
     check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
     if dtype != torch.float32:
         want = PREP_BLOCK_K[VARIANTS[variant][0]]
     else:
         want = PREP_BLOCK_K_FP32[VARIANTS[variant][0]] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
-    assert launched == [(want, 128 // want)] and 128 // want > 1
+    # V = 32: GDN-2's per-channel write gate narrows the fp32 V tile to 16 without warpgroup products
+    want_bv = 16 if variant == "gdn2" and dtype == torch.float32 and not warpgroup_mma else 32
+    assert launched == [(want, 128 // want, want_bv)] and 128 // want > 1
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
