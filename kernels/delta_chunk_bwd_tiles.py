@@ -55,8 +55,9 @@ SCAN_MAX_BV = 64
 # K = 64 to 512, with the bf16 blocks: sm_90 prep 25-111 STL, reverse scan 63-146 STL, dqk 70-164 STL with
 # a dense decay; sm_80 prep up to 3166 STL. With these: prep and scan without spills on sm_90 (and
 # sm_80 at K = 128), the dense-decay dqk down to 20-48 STL (its two [BT, BT] gradients and their
-# transposes did not fit; ``dqk_regram`` below takes it further; per-channel dqk compiles without spills at the bf16 blocks). The scan keeps dH in
-# memory: with it in registers, 32-row blocks spilled 112-286 STL at K = 128.
+# transposes did not fit; ``dqk_regram`` below takes it further; per-channel dqk compiles without spills
+# at the bf16 blocks). The scan keeps dH in memory: with it in registers, 32-row blocks spilled 112-286 STL
+# at K = 128.
 FP32_PREP_BLOCK_K = 16
 FP32_PREP_BLOCK_V = 32
 FP32_SCAN_BLOCK_K = 32
