@@ -120,10 +120,11 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  num_warps=8, num_stages=1, meta=meta))
         alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
         BKP, NKP = prep_key_blocks(K, decay, fp32, alt_mma)
+        BVP = prep_value_block(V, write, fp32, alt_mma)
         for tuning in (t for t in ALTERNATIVES if alternatives and t.solve_block != SOLVE_BLOCK):
             register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
-                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": prep_value_block(V, write, fp32, alt_mma),
-                                            "SOLVE_BLOCK": tuning.solve_block},
+                                 prep_sig,
+                                 {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, "SOLVE_BLOCK": tuning.solve_block},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
