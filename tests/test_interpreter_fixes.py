@@ -1,0 +1,99 @@
+"""lamina.kernels._interpreter: device-function calls patch the language modules once per launch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+import core_only_helpers  # noqa: E402
+
+pytestmark = pytest.mark.interpret
+
+
+@triton.jit
+def _square(x):
+    return x * x
+
+
+@triton.jit
+def _plain_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs) + 1.0)
+
+
+@triton.jit
+def _helper_kernel(x_ptr, y_ptr, N: tl.constexpr, CALLS: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    y = x + 1.0
+    for _ in tl.static_range(CALLS):
+        y += _square(x)
+    tl.store(y_ptr + offs, y)
+
+
+@triton.jit
+def _core_only_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(y_ptr + offs, core_only_helpers.relu(tl.load(x_ptr + offs)))
+
+
+def _count_patches(monkeypatch):
+    """Calls of the interpreter's ``_patch_builtin`` (each ``_patch_lang`` makes a fixed number of them)."""
+    from triton.runtime import interpreter as interp
+
+    calls = []
+    original = interp._patch_builtin
+    monkeypatch.setattr(interp, "_patch_builtin", lambda *a: calls.append(a[0]) or original(*a))
+    return calls
+
+
+def test_helpers_do_not_patch_again_within_a_launch(monkeypatch):
+    import lamina.kernels  # noqa: F401  (applies the fixes)
+
+    x = torch.randn(4 * 16)
+    calls = _count_patches(monkeypatch)
+    y = torch.empty_like(x)
+    _plain_kernel[(4,)](x, y, N=16)
+    per_launch = len(calls)
+    assert per_launch > 0 and torch.equal(y, x + 1)
+    calls.clear()
+    _helper_kernel[(4,)](x, y, N=16, CALLS=3)  # 12 helper calls: the interpreter alone would patch 13 times
+    assert len(calls) == per_launch
+    torch.testing.assert_close(y, x + 1 + 3 * x * x, rtol=1e-6, atol=1e-6)
+    # the next launch patches again (the last one restored the modules when it ended)
+    calls.clear()
+    _helper_kernel[(4,)](x, y, N=16, CALLS=1)
+    assert len(calls) == per_launch
+
+
+def test_launch_restores_the_language_modules():
+    import lamina.kernels  # noqa: F401
+
+    before = {name: getattr(tl, name) for name in ("arange", "load", "where", "program_id")}
+    methods = {name: getattr(tl.tensor, name) for name in ("__add__", "__mul__")}
+    x = torch.randn(32)
+    y = torch.empty_like(x)
+    _helper_kernel[(2,)](x, y, N=16, CALLS=2)
+    assert all(getattr(tl, name) is fn for name, fn in before.items())
+    assert all(getattr(tl.tensor, name) is fn for name, fn in methods.items())
+
+
+def test_a_helper_seeing_other_language_modules_is_patched(monkeypatch):
+    """A helper whose module holds ``tl.core`` alone, called from a kernel whose module holds ``tl``: its call
+    patches ``tl.core`` (which the launch did not), once, and computes the right result."""
+    import lamina.kernels  # noqa: F401
+
+    calls = _count_patches(monkeypatch)
+    x = torch.randn(3 * 16)
+    y = torch.empty_like(x)
+    _core_only_kernel[(3,)](x, y, N=16)
+    assert torch.equal(y, x.clamp_min(0))
+    assert tl.core in calls  # the helper's module was patched
+    core_patches = sum(1 for module in calls if module is tl.core)
+    assert core_patches == 1, core_patches  # by its first call only, not by the other two programs'
