@@ -328,20 +328,23 @@ def delta_rule_family_chunk_torch(
     U, Y = A @ z, A @ e_gamma
 
     order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
-    state = h0.index_select(0, order) if layout.reordered else h0
+    # The sequential pass on [sequences * HV, *, *] batches (baddbmm fuses each product with its sum). Step j
+    # reads the rows of its active sequences, each operand split into its steps by one call.
+    state = (h0.index_select(0, order) if layout.reordered else h0).flatten(0, 1)
+    rows = [active * HV for active in layout.active]
+    flat_steps = lambda x: x.flatten(0, 1).split(rows)
+    decays = [None] * len(rows) if gamma_last is None else flat_steps(gamma_last)
     entering, new_values = [], []
-    # The sequential pass, on [chunks * HV, *, *] batches (baddbmm fuses each product with its sum).
-    U, Y, k_tail_t = U.flatten(0, 1), Y.flatten(0, 1), k_tail.transpose(-1, -2).flatten(0, 1)
-    for start, active in zip(layout.start, layout.active):
-        rows = slice(start * HV, (start + active) * HV)
-        s = state[:active]
-        v_new = torch.baddbmm(U[rows], Y[rows], s.flatten(0, 1), alpha=-1)
+    for n, u, y, k_t, decay in zip(rows, flat_steps(U), flat_steps(Y), flat_steps(k_tail.transpose(-1, -2)),
+                                   decays):
+        s = state[:n]
+        v_new = torch.baddbmm(u, y, s, alpha=-1)
         entering.append(s)
-        new_values.append(v_new.unflatten(0, (active, HV)))
-        decayed = s if gamma_last is None else gamma_last[start : start + active] * s
-        s = torch.baddbmm(decayed.flatten(0, 1), k_tail_t[rows], v_new).unflatten(0, (active, HV))
-        state = s if active == state.shape[0] else torch.cat([s, state[active:]], dim=0)
-    entering_t, v_new_t = torch.cat(entering, dim=0), torch.cat(new_values, dim=0)
+        new_values.append(v_new)
+        s = torch.baddbmm(s if decay is None else decay * s, k_t, v_new)
+        state = s if n == state.shape[0] else torch.cat([s, state[n:]], dim=0)
+    state = state.unflatten(0, (N, HV))
+    entering_t, v_new_t = (torch.cat(x, dim=0).unflatten(0, (-1, HV)) for x in (entering, new_values))
     intra = qk @ v_new_t  # [NC, HV, C, V]; the incoming states' part is added by the same product call
     o = torch.baddbmm(intra.flatten(0, 1), q_gamma.flatten(0, 1), entering_t.flatten(0, 1)).view_as(intra)
     o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
