@@ -112,23 +112,23 @@ def test_recurrent_torch_matches_token_loop(variant):
     check_against_token_loop(delta_rule_family_recurrent_torch, leaves, cu_seqlens)
 
 
-@pytest.mark.parametrize("C", [1, 3, 16, 40, 64, 100])
-def test_blocked_inverse_matches_lapack(C):
-    """The blocked unit lower-triangular inverse against LAPACK's solve with the identity
-    (torch.linalg.solve_triangular), values and gradients in float64; C = 40 and 100 end on partial blocks
-    (padded to 64 and 128: two and three merge steps). The diagonal and upper part of L are filled with
-    large values: the inverse must not read them, and their gradient is zero."""
+@pytest.mark.parametrize("C", [1, 3, 16, 40, 64])
+def test_blocked_solve_matches_lapack(C):
+    """The blocked unit lower-triangular solve against LAPACK's (torch.linalg.solve_triangular), values
+    and gradients in float64; C = 40 ends on a partial block. The diagonal and upper part of L are
+    filled with large values: the solve must not read them, and their gradient is zero."""
     L = torch.randn(3, C, C, dtype=F64) * 0.3
     L = (L.tril(-1) + 50 * torch.ones_like(L).triu()).requires_grad_()
-    got = delta_rule_cpu._unit_lower_inverse_blocked(L)
-    want = torch.linalg.solve_triangular(L, torch.eye(C, dtype=F64).expand(3, C, C), upper=False,
-                                         unitriangular=True)
-    assert_close("A", got, want)
+    R = torch.randn(3, C, 5, dtype=F64, requires_grad=True)
+    got = delta_rule_cpu._unit_lower_solve(L, R)
+    want = torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True)
+    assert_close("X", got, want)
     weight = torch.randn(want.shape, dtype=F64)
-    (dL,) = torch.autograd.grad((got * weight).sum(), (L,))
-    (dL_want,) = torch.autograd.grad((want * weight).sum(), (L,))
+    dL, dR = torch.autograd.grad((got * weight).sum(), (L, R))
+    dL_want, dR_want = torch.autograd.grad((want * weight).sum(), (L, R))
+    assert_close("dR", dR, dR_want)
     assert_close("dL", dL.tril(-1), dL_want.tril(-1))
-    assert torch.count_nonzero(dL.triu()) == 0, "the inverse read L's diagonal or upper part"
+    assert torch.count_nonzero(dL.triu()) == 0, "the solve read L's diagonal or upper part"
 
 
 def test_chunk_torch_partial_solve_block():

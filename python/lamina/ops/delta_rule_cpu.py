@@ -30,12 +30,11 @@ from lamina.ops.delta_rule_core import DEFAULT_CHUNK_SIZE
 # dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
 # from ~40 ms to ~24 ms (one thread, T = 4096, H = 4) against one pass over all chunks.
 CACHE_BLOCK_ELEMENTS = 1 << 17
-# Rows per diagonal block of the chunk's unit lower-triangular inverse (``_unit_lower_inverse_blocked``).
-# Batched [16, 16] inverses and products are contiguous bmm calls; the batched LAPACK solve
-# (torch.linalg.solve_triangular) runs one small trsm per matrix. At 256 chunk-heads, C = 64 (2 threads):
-# the inverse from 16-row blocks 1.9 ms, from 32-row blocks 2.6 ms (four squarings of 32 x 32 instead of
-# three of 16 x 16). The inverse and two [64, 64] products (U and Y) take 3.0 ms against 4.5 ms for a
-# blocked forward substitution over both right-hand sides (concatenated, 128 columns).
+# Rows per diagonal block of the chunk's unit lower-triangular solve. Batched [16, 16] inverses and
+# products are contiguous bmm calls at 110-190 GFLOP/s; the batched LAPACK solve
+# (torch.linalg.solve_triangular) runs one small trsm per matrix: 2.1 ms against 0.8-1.1 ms for the
+# blocked form at 128-256 chunk-heads, C = 32-64, 128 right-hand sides (2 threads). Blocks of 32 are
+# slower (1.9-4.5x: four squarings of 32 x 32 instead of three of 16 x 16).
 SOLVE_BLOCK = 16
 
 
@@ -217,35 +216,32 @@ def _unit_lower_inverse(M: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def _unit_lower_inverse_blocked(L: torch.Tensor) -> torch.Tensor:
-    """``(I + tril(L, -1))^-1`` for ``L`` [..., C, C], built from ``SOLVE_BLOCK``-row diagonal blocks.
+def _unit_lower_solve(L: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """``X`` with ``(I + tril(L, -1)) X = R``, for ``L`` [..., C, C] and ``R`` [..., C, N].
 
-    Reads only the strictly lower part of ``L`` (its diagonal and upper part get zero gradient). The
-    diagonal blocks are inverted together (``_unit_lower_inverse``); then neighbouring blocks of the
-    inverse merge pairwise, ``[[A1, 0], [A21, A2]]`` with ``A21 = -A2 L21 A1``, doubling the block size
-    until it covers the chunk: every step a batched product. ``C`` is zero-padded to the block size
-    times a power of two (the padding adds identity rows, cropped at the end).
+    Reads only the strictly lower part of ``L`` (its diagonal and upper part get zero gradient).
+    Blocked by ``SOLVE_BLOCK`` rows: the diagonal blocks are inverted together, then each block of
+    ``X`` is its inverse times the right-hand side, which the later rows then subtract. Every step
+    is a batched product on contiguous or row-sliced operands.
     """
-    lead, C = L.shape[:-2], L.shape[-1]
-    L = L.reshape(-1, C, C)
+    lead, C, N = L.shape[:-2], L.shape[-1], R.shape[-1]
+    L, R = L.reshape(-1, C, C), R.reshape(-1, C, N)
     b = min(SOLVE_BLOCK, 1 << (C - 1).bit_length())
-    width = b << (-(-C // b) - 1).bit_length()
-    if width != C:
-        L = F.pad(L, (0, width - C, 0, width - C))
-    n, blocks = L.shape[0], width // b
-    diagonal = L.unflatten(-2, (blocks, b)).unflatten(-1, (blocks, b)).diagonal(dim1=-4, dim2=-2)
-    inverse = _unit_lower_inverse(diagonal.permute(0, 3, 1, 2).tril(-1).reshape(-1, b, b)).view(n, blocks, b, b)
-    s = b
-    while s < width:
-        pairs = width // (2 * s)
-        top, bottom = inverse[:, 0::2], inverse[:, 1::2]  # [n, pairs, s, s]
-        # the block of L below each top block and left of its bottom block: [n, pairs, s, s]
-        left = L.unflatten(-2, (pairs, 2, s)).unflatten(-1, (pairs, 2, s)).diagonal(dim1=1, dim2=4)[:, 1, :, 0]
-        low = -(bottom @ (left.movedim(-1, 1) @ top))
-        inverse = torch.cat([torch.cat([top, torch.zeros_like(top)], dim=-1), torch.cat([low, bottom], dim=-1)],
-                            dim=-2)
-        s *= 2
-    return inverse[:, 0, :C, :C].reshape(*lead, C, C)
+    blocks = -(-C // b)
+    width = blocks * b
+    # Zero padding to whole blocks adds identity rows to the last diagonal block's inverse.
+    padded = F.pad(L, (0, width - C, 0, width - C)) if width != C else L
+    diagonal = padded.unflatten(-2, (blocks, b)).unflatten(-1, (blocks, b)).diagonal(dim1=-4, dim2=-2)
+    inverses = _unit_lower_inverse(diagonal.permute(0, 3, 1, 2).tril(-1).reshape(-1, b, b))
+    inverses = inverses.view(-1, blocks, b, b)
+    pieces, rest = [], R
+    for j in range(blocks):
+        start, n = j * b, min(b, C - j * b)
+        x = inverses[:, j, :n, :n] @ rest[:, :n]
+        pieces.append(x)
+        if start + n < C:
+            rest = torch.baddbmm(rest[:, n:], L[:, start + n :, start : start + n], x, alpha=-1)
+    return torch.cat(pieces, dim=1).reshape(*lead, C, N)
 
 
 def delta_rule_family_chunk_torch(
@@ -322,10 +318,9 @@ def delta_rule_family_chunk_torch(
         G_last = G[..., -1:, :]
         k_tail = k * (G_last - G).to(k.dtype).exp_()
         gamma_last = G_last.exp().to(q.dtype).transpose(-1, -2)  # [NC, HV, 1|K, 1]
-    # A = (I + strictly lower part of ek)^-1 (the diagonal of ek is the b_i k_i . k_i of the scores, ignored,
-    # and so is its gradient), then U = A Z and Y = A E_bar: contiguous, as the sequential pass reads them.
-    A = _unit_lower_inverse_blocked(ek)
-    U, Y = A @ z, A @ e_gamma
+    # One unit lower-triangular solve for both right-hand sides. It reads only the strictly lower part
+    # of ek (its diagonal is the b_i k_i . k_i of the scores and is ignored, and so is its gradient).
+    U, Y = _unit_lower_solve(ek, torch.cat([z, e_gamma], dim=-1)).split([V, e.shape[-1]], dim=-1)
 
     order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
     # The sequential pass on [sequences * HV, *, *] batches (baddbmm fuses each product with its sum). Step j
@@ -345,8 +340,7 @@ def delta_rule_family_chunk_torch(
         state = s if n == state.shape[0] else torch.cat([s, state[n:]], dim=0)
     state = state.unflatten(0, (N, HV))
     entering_t, v_new_t = (torch.cat(x, dim=0).unflatten(0, (-1, HV)) for x in (entering, new_values))
-    intra = qk @ v_new_t  # [NC, HV, C, V]; the incoming states' part is added by the same product call
-    o = torch.baddbmm(intra.flatten(0, 1), q_gamma.flatten(0, 1), entering_t.flatten(0, 1)).view_as(intra)
+    o = torch.matmul(q_gamma, entering_t).add_(qk @ v_new_t)
     o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
     writes = ()
     if output_v_new:
