@@ -74,6 +74,9 @@ def main() -> None:
     # 32 runs, none in 30 with it.
     del model, opt
     gc.collect()
+    # Both ranks reach teardown before either closes its gloo connections: a run at 53947f9 still aborted rank 1
+    # after its last step (the same message), with the model freed.
+    dist.barrier()
     dist.destroy_process_group()
 
 
