@@ -27,6 +27,38 @@ def test_ci_runs_readme_test_command():
     assert "set -euo pipefail" in ci or any(line.startswith("set -e") for line in ci)
 
 
+
+def _ci_cleanup_function() -> str:
+    text = (ROOT / ".ci" / "run").read_text()
+    match = re.search(r"^cleanup\(\) \{\n.*?^\}\n", text, flags=re.S | re.M)
+    assert match, ".ci/run defines no cleanup() function"
+    assert re.search(r"^trap cleanup EXIT$", text, flags=re.M), ".ci/run does not run cleanup() on exit"
+    return match.group(0)
+
+
+def _run_ci_cleanup(tmp_path: Path, last_command: str) -> subprocess.CompletedProcess:
+    """``.ci/run``'s exit handler, under its ``set -euo pipefail``, after leg 2's install ended and was reaped."""
+    script = "\n".join([
+        "set -euo pipefail",
+        _ci_cleanup_function(),
+        f"work={tmp_path / 'work'}",
+        'mkdir -p "$work"',
+        "true & leg2_install=$!",
+        'wait "$leg2_install"',
+        "trap cleanup EXIT",
+        last_command,
+    ])
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+
+
+def test_ci_exit_handler_keeps_the_runs_status(tmp_path):
+    passed = _run_ci_cleanup(tmp_path, "echo passed")
+    assert passed.returncode == 0, passed.stderr
+    assert not (tmp_path / "work").exists()
+    failed = _run_ci_cleanup(tmp_path, "exit 3")
+    assert failed.returncode == 3, failed.stderr
+    assert not (tmp_path / "work").exists()
+
 def test_import_lamina_is_light_and_quiet():
     code = ("import sys, warnings; warnings.simplefilter('error'); import lamina; "
             "heavy = [m for m in ('triton', 'lamina.kernels', 'fla', 'lamina._C') if m in sys.modules]; "
