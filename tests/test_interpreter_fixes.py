@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,8 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
-import core_only_helpers  # noqa: E402
+
+def _load_data_module(name: str):
+    """A module from tests/data, loaded from its file (the workers' ``sys.path`` stays as it was)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "data" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+core_only_helpers = _load_data_module("core_only_helpers")
 
 pytestmark = pytest.mark.interpret
 

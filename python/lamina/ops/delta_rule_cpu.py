@@ -85,7 +85,7 @@ class _ChunkLayout:
 
     Sequences are ranked by chunk count (descending) and chunks stored step-major: all first
     chunks, then all second chunks, ... so that the sequences still running at step j are the
-    first ``active[j]`` ranks and their chunks one contiguous slice starting at ``start[j]``.
+    first ``active[j]`` ranks and their chunks the next ``active[j]`` in storage order.
     """
 
     def __init__(self, offsets: list[int], chunk_size: int, device: torch.device) -> None:
@@ -98,10 +98,9 @@ class _ChunkLayout:
         self.reordered = self.order != list(range(len(lengths)))
         # Equal lengths that are multiples of C (the usual non-varlen batch): a permutation suffices.
         self.uniform = len(set(lengths)) == 1 and lengths[0] % chunk_size == 0
-        bos, lens, self.start, self.active = [], [], [], []
+        bos, lens, self.active = [], [], []
         for j in range(max(counts, default=0)):
             running = [n for n in self.order if counts[n] > j]
-            self.start.append(len(bos))
             self.active.append(len(running))
             bos += [offsets[n] + j * chunk_size for n in running]
             lens += [min(chunk_size, lengths[n] - j * chunk_size) for n in running]
