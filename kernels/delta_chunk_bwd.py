@@ -98,8 +98,8 @@ from lamina.kernels.delta_chunk_common import (
     MAX_K,
     DecayKind,
     GateKind,
-    chunk_bounds,
     chunk_indices,
+    chunk_rows,
     first_chunk,
     seq_bounds,
 )
@@ -128,9 +128,7 @@ def _delta_chunk_bwd_prep_kernel(
     i_c = i_ch // HV
     i_hv = i_ch % HV
     i_h = i_hv // (HV // H)
-    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
-    t0 = bos + i_t * BT
-    L = eos - t0
+    t0, L = chunk_rows(i_c, cu_seqlens, chunk_indices, T, NT, BT, IS_VARLEN)
     DT = q.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)

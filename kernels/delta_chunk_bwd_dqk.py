@@ -22,7 +22,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     row_of,
     rows_gram,
 )
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL, chunk_bounds
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL, chunk_rows
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
@@ -43,9 +43,7 @@ def _delta_chunk_bwd_dqk_kernel(
     i_c = i_ch // H
     i_h = i_ch % H
     GROUP: tl.constexpr = HV // H
-    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
-    t0 = bos + i_t * BT
-    L = eos - t0
+    t0, L = chunk_rows(i_c, cu_seqlens, chunk_indices, T, NT, BT, IS_VARLEN)
     DT = q.dtype.element_ty
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)

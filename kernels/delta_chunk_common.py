@@ -1,6 +1,7 @@
 """Pieces shared by the chunked delta-rule forward and backward kernels.
 
-* ``ChunkIndex`` / ``chunk_indices`` (host) and ``chunk_bounds`` / ``seq_bounds`` (``@triton.jit``):
+* ``ChunkIndex`` / ``chunk_indices`` (host) and ``chunk_rows`` / ``chunk_bounds`` / ``seq_bounds``
+  (``@triton.jit``):
   which chunk of which sequence each program handles, with the same chunk numbering in both
   directions (the ``h`` tensor of chunk-start states is indexed by it).
 * ``DecayKind`` / ``GateKind``: the compile-time flags of the kernel family, read off the
@@ -176,6 +177,16 @@ def chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN: tl.constexpr)
         i_t = (c - n * NT).to(tl.int64)
     bos, eos = seq_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     return i_n, i_t, bos, eos
+
+
+@triton.jit
+def chunk_rows(i_c, cu_seqlens, chunk_indices, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """First token (int64) of chunk ``i_c`` and the tokens left in its sequence from there (int32: the masks
+    compare it with 32-bit row offsets): row ``t`` of the chunk is token ``first + t`` and is valid where
+    ``t < left`` (``left`` may exceed ``BT``)."""
+    i_n, i_t, bos, eos = chunk_bounds(i_c, cu_seqlens, chunk_indices, T, NT, IS_VARLEN)
+    first = bos + i_t * BT
+    return first, (eos - first).to(tl.int32)
 
 
 @triton.jit
