@@ -27,7 +27,6 @@ def test_ci_runs_readme_test_command():
     assert "set -euo pipefail" in ci or any(line.startswith("set -e") for line in ci)
 
 
-
 def _ci_cleanup_function() -> str:
     text = (ROOT / ".ci" / "run").read_text()
     match = re.search(r"^cleanup\(\) \{\n.*?^\}\n", text, flags=re.S | re.M)
@@ -58,6 +57,7 @@ def test_ci_exit_handler_keeps_the_runs_status(tmp_path):
     failed = _run_ci_cleanup(tmp_path, "exit 3")
     assert failed.returncode == 3, failed.stderr
     assert not (tmp_path / "work").exists()
+
 
 def test_import_lamina_is_light_and_quiet():
     code = ("import sys, warnings; warnings.simplefilter('error'); import lamina; "
