@@ -105,6 +105,21 @@ def test_chunk_torch_matches_token_loop(variant, shape):
     check_against_token_loop(delta_rule_family_chunk_torch, leaves, cu_seqlens, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("shape", [*SHAPES, "varlen [5, 0, 1, 9, 2], chunk 4"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_chunk_torch_without_graph_matches_token_loop(variant, shape):
+    """Inference (no graph): the sequential pass writes into preallocated buffers instead of joining
+    per-step tensors; sequences end at different steps, and one is empty."""
+    B, T, seqlens, chunk_size = SHAPES.get(shape, (1, 17, [5, 0, 1, 9, 2], 4))
+    leaves, cu_seqlens = make_leaves(variant, B, T, seqlens)
+    args = dict(**family_args(leaves), output_final_state=True, cu_seqlens=cu_seqlens)
+    with torch.no_grad():
+        o, s, v_new = delta_rule_family_chunk_torch(**args, chunk_size=chunk_size, output_v_new=True)
+    want_o, want_s, want_v_new = delta_rule_family_recurrent_ref(**args, output_writes=True)
+    for name, got, want in (("o", o, want_o), ("final_state", s, want_s), ("v_new", v_new, want_v_new)):
+        assert_close(name, got, want)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_recurrent_torch_matches_token_loop(variant):
     """The fused_recurrent ops' torch path: one varlen pack whose longest sequence spans two chunks."""
