@@ -215,8 +215,9 @@ def _delta_chunk_bwd_dh_kernel(
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DH_IN_MEMORY: tl.constexpr,
 ):
-    # dH is held as up to four [BK, BV] row blocks (dh_0..dh_3) of the [K, BV] column block, so that
-    # every [BT, K] operand is formed BK columns at a time (one [BT, K] tile spills at K = 128).
+    # dH is held as a tuple of NKB (at most four) [BK, BV] row blocks of the [K, BV] column block, each
+    # chunk's loops over it unrolled (static_range), so that every [BT, K] operand is formed BK columns at a
+    # time (one [BT, K] tile spills at K = 128) and every block stays in registers.
     # DH_IN_MEMORY (K > 128 or fp32 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled
     # with the final state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
     # dU and updating it after dR; what this program stores there only it reads back (its V columns).
@@ -243,18 +244,13 @@ def _delta_chunk_bwd_dh_kernel(
     o_v = v0 + o_bv
     head_state = (i_n * HV + i_hv).to(tl.int64) * (K * V)
 
-    dh_0 = tl.zeros([BK, BV], dtype=tl.float32)
-    dh_1 = tl.zeros([BK, BV], dtype=tl.float32)
-    dh_2 = tl.zeros([BK, BV], dtype=tl.float32)
-    dh_3 = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_FINAL_STATE_GRADIENT and not DH_IN_MEMORY:
-        dh_0 = state_block_io(dht, head_state, 0, o_k, o_v, dh_0, K, V, True)
-        if NKB > 1:
-            dh_1 = state_block_io(dht, head_state, BK, o_k, o_v, dh_1, K, V, True)
-        if NKB > 2:
-            dh_2 = state_block_io(dht, head_state, 2 * BK, o_k, o_v, dh_2, K, V, True)
-        if NKB > 3:
-            dh_3 = state_block_io(dht, head_state, 3 * BK, o_k, o_v, dh_3, K, V, True)
+    if not DH_IN_MEMORY:
+        dh_blocks = ()
+        for kb in tl.static_range(NKB):
+            dh = tl.zeros([BK, BV], dtype=tl.float32)
+            if USE_FINAL_STATE_GRADIENT:
+                dh = state_block_io(dht, head_state, kb * BK, o_k, o_v, dh, K, V, True)
+            dh_blocks = dh_blocks + (dh,)
 
     for i_t in range(n_chunks - 1, -1, -1):
         chunk_state = ((c0 + i_t) * HV + i_hv) * (K * V)
@@ -270,23 +266,13 @@ def _delta_chunk_bwd_dh_kernel(
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 dU += tl.dot(kt, dh.to(DT), input_precision=DOT_PRECISION)
         else:
-            qd_0 = swap_state_block(dh_buf, chunk_state, 0, o_k, o_v, dh_0, K, V)
-            kt_0, eg_0, dc_0 = scan_operands(k, b, g, t0, L, i_h, i_hv, 0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
-            dU += tl.dot(kt_0, dh_0.to(DT), input_precision=DOT_PRECISION)
-            if NKB > 1:
-                qd_1 = swap_state_block(dh_buf, chunk_state, BK, o_k, o_v, dh_1, K, V)
-                kt_1, eg_1, dc_1 = scan_operands(k, b, g, t0, L, i_h, i_hv, BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
-                dU += tl.dot(kt_1, dh_1.to(DT), input_precision=DOT_PRECISION)
-            if NKB > 2:
-                qd_2 = swap_state_block(dh_buf, chunk_state, 2 * BK, o_k, o_v, dh_2, K, V)
-                kt_2, eg_2, dc_2 = scan_operands(k, b, g, t0, L, i_h, i_hv, 2 * BK, o_t, o_k, H, HV, K, BT, DECAY,
-                                                  ERASE)
-                dU += tl.dot(kt_2, dh_2.to(DT), input_precision=DOT_PRECISION)
-            if NKB > 3:
-                qd_3 = swap_state_block(dh_buf, chunk_state, 3 * BK, o_k, o_v, dh_3, K, V)
-                kt_3, eg_3, dc_3 = scan_operands(k, b, g, t0, L, i_h, i_hv, 3 * BK, o_t, o_k, H, HV, K, BT, DECAY,
-                                                  ERASE)
-                dU += tl.dot(kt_3, dh_3.to(DT), input_precision=DOT_PRECISION)
+            # per key block: Qg^T dO (swapped out of dh_buf for the chunk's dH), E_bar and the decay
+            qds, egs, dcs = (), (), ()
+            for kb in tl.static_range(NKB):
+                qds = qds + (swap_state_block(dh_buf, chunk_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V),)
+                kt, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, kb * BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                egs, dcs = egs + (eg,), dcs + (dc,)
+                dU += tl.dot(kt, dh_blocks[kb].to(DT), input_precision=DOT_PRECISION)
         # A^T is read through transposed pointers (A_T[i, j] = A[token j, column i]), not formed with
         # tl.trans: on an H200 (triton 3.6, DeltaNet) tl.trans(A) as a warpgroup-product operand read
         # past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads) and dR
@@ -340,22 +326,15 @@ def _delta_chunk_bwd_dh_kernel(
                 state_block_io(dh0, head_state, k0, o_k, o_v, dh, K, V, False)
             tl.debug_barrier()  # the next chunk's reads see these stores
         else:
-            dh_0 = dh_0 * dc_0 + qd_0 - tl.dot(tl.trans(eg_0), dR_c, input_precision=DOT_PRECISION)
-            if NKB > 1:
-                dh_1 = dh_1 * dc_1 + qd_1 - tl.dot(tl.trans(eg_1), dR_c, input_precision=DOT_PRECISION)
-            if NKB > 2:
-                dh_2 = dh_2 * dc_2 + qd_2 - tl.dot(tl.trans(eg_2), dR_c, input_precision=DOT_PRECISION)
-            if NKB > 3:
-                dh_3 = dh_3 * dc_3 + qd_3 - tl.dot(tl.trans(eg_3), dR_c, input_precision=DOT_PRECISION)
+            updated = ()
+            for kb in tl.static_range(NKB):
+                updated = updated + (dh_blocks[kb] * dcs[kb] + qds[kb]
+                                     - tl.dot(tl.trans(egs[kb]), dR_c, input_precision=DOT_PRECISION),)
+            dh_blocks = updated
 
     if USE_INITIAL_STATE and not DH_IN_MEMORY:
-        state_block_io(dh0, head_state, 0, o_k, o_v, dh_0, K, V, False)
-        if NKB > 1:
-            state_block_io(dh0, head_state, BK, o_k, o_v, dh_1, K, V, False)
-        if NKB > 2:
-            state_block_io(dh0, head_state, 2 * BK, o_k, o_v, dh_2, K, V, False)
-        if NKB > 3:
-            state_block_io(dh0, head_state, 3 * BK, o_k, o_v, dh_3, K, V, False)
+        for kb in tl.static_range(NKB):
+            state_block_io(dh0, head_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V, False)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from lamina.kernels.delta_tuning import DeltaTuning
 # to [BT, 64] tiles of k and gates. Wider keys keep dH in memory (``BwdTiles.dh_in_memory``). Static
 # report, sm_90, bf16: at K = 256 (four blocks) Gated DeltaNet's register scan spilled (255 registers,
 # 21 STL) while the in-memory one compiles to 93-145 registers for every variant; 128-row blocks spilled
-# with per-channel decay even at K = 128 (6-17 STL), and a fifth block would repeat the unrolled code.
+# with per-channel decay even at K = 128 (6-17 STL).
 MAX_REGISTER_SCAN_K = 128
 # Widest V block of the in-memory scan with per-channel decay: sm_90, bf16/fp16, K = 256 and 512, a
 # block of 32 spilled (KDA 7 STL, GDN-2 2 STL), so a wider choice of ``delta_tuning`` is capped there.

@@ -414,7 +414,8 @@ def _delta_chunk_scan_fwd_kernel(
     STORE_V_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_O: tl.constexpr,
     STATE_IN_MEMORY: tl.constexpr,
 ):
-    # The state is held as up to four [BK, BV] row blocks (b_s0..b_s3) of the [K, BV] column block.
+    # The state is held as a tuple of NK (at most four) [BK, BV] row blocks of the [K, BV] column block,
+    # each chunk's loops over it unrolled (static_range), so every block stays in registers.
     # STATE_IN_MEMORY (fp32 by default, see ``scan_tiles``): it lives in ``ht`` instead (float32
     # [N, HV, K, V], holding the initial state or zeros from the launcher, the final state at the end), and
     # each chunk loops over its key blocks twice, reading S for the output and the writes, then updating it;
@@ -435,13 +436,9 @@ def _delta_chunk_scan_fwd_kernel(
     m_v = o_v < V
 
     if not STATE_IN_MEMORY:
-        b_s0 = _load_state(h0, i_n, i_hv, 0, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-        if NK > 1:
-            b_s1 = _load_state(h0, i_n, i_hv, 1, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-        if NK > 2:
-            b_s2 = _load_state(h0, i_n, i_hv, 2, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
-        if NK > 3:
-            b_s3 = _load_state(h0, i_n, i_hv, 3, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE)
+        s_blocks = ()
+        for kb in tl.static_range(NK):
+            s_blocks = s_blocks + (_load_state(h0, i_n, i_hv, kb, o_v, HV, K, V, BK, BV, USE_INITIAL_STATE),)
 
     for i_t in range(0, tl.cdiv(seqlen, BT)):
         t0 = i_t * BT
@@ -449,13 +446,8 @@ def _delta_chunk_scan_fwd_kernel(
         tok0 = bos + t0
         tok_last = bos + tl.minimum(t0 + BT, seqlen) - 1
         if SAVE_STATES and not STATE_IN_MEMORY:
-            _store_state(h, c0 + i_t, b_s0, i_hv, 0, o_v, HV, K, V, BK)
-            if NK > 1:
-                _store_state(h, c0 + i_t, b_s1, i_hv, 1, o_v, HV, K, V, BK)
-            if NK > 2:
-                _store_state(h, c0 + i_t, b_s2, i_hv, 2, o_v, HV, K, V, BK)
-            if NK > 3:
-                _store_state(h, c0 + i_t, b_s3, i_hv, 3, o_v, HV, K, V, BK)
+            for kb in tl.static_range(NK):
+                _store_state(h, c0 + i_t, s_blocks[kb], i_hv, kb, o_v, HV, K, V, BK)
         b_gs = tl.zeros([BT], dtype=tl.float32)
         g_last = 0.0
         if DECAY == DECAY_SCALAR:
@@ -471,17 +463,9 @@ def _delta_chunk_scan_fwd_kernel(
                 acc_v, acc_o = _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
                                           H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         else:
-            acc_v, acc_o = _scan_read(acc_v, acc_o, b_s0, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 0, scale,
-                                      H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-            if NK > 1:
-                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s1, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 1, scale,
-                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-            if NK > 2:
-                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s2, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 2, scale,
-                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
-            if NK > 3:
-                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s3, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 3, scale,
-                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+            for kb in tl.static_range(NK):
+                acc_v, acc_o = _scan_read(acc_v, acc_o, s_blocks[kb], q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv,
+                                          kb, scale, H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
         b_vnew = (b_u - acc_v).to(DT)
@@ -502,26 +486,15 @@ def _delta_chunk_scan_fwd_kernel(
                 _store_state(ht, i_n, b_s, i_hv, kb, o_v, HV, K, V, BK)
             tl.debug_barrier()  # the next chunk's reads see these stores
         else:
-            b_s0 = _scan_write(b_s0, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 0,
-                               H, HV, K, BK, DECAY, DOT_PRECISION)
-            if NK > 1:
-                b_s1 = _scan_write(b_s1, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 1,
-                                   H, HV, K, BK, DECAY, DOT_PRECISION)
-            if NK > 2:
-                b_s2 = _scan_write(b_s2, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 2,
-                                   H, HV, K, BK, DECAY, DOT_PRECISION)
-            if NK > 3:
-                b_s3 = _scan_write(b_s3, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, 3,
-                                   H, HV, K, BK, DECAY, DOT_PRECISION)
+            updated = ()
+            for kb in tl.static_range(NK):
+                updated = updated + (_scan_write(s_blocks[kb], b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs,
+                                                 g_last, i_h, i_hv, kb, H, HV, K, BK, DECAY, DOT_PRECISION),)
+            s_blocks = updated
 
     if STORE_FINAL_STATE and not STATE_IN_MEMORY:
-        _store_state(ht, i_n, b_s0, i_hv, 0, o_v, HV, K, V, BK)
-        if NK > 1:
-            _store_state(ht, i_n, b_s1, i_hv, 1, o_v, HV, K, V, BK)
-        if NK > 2:
-            _store_state(ht, i_n, b_s2, i_hv, 2, o_v, HV, K, V, BK)
-        if NK > 3:
-            _store_state(ht, i_n, b_s3, i_hv, 3, o_v, HV, K, V, BK)
+        for kb in tl.static_range(NK):
+            _store_state(ht, i_n, s_blocks[kb], i_hv, kb, o_v, HV, K, V, BK)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
