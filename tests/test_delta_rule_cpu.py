@@ -105,12 +105,20 @@ def test_chunk_torch_matches_token_loop(variant, shape):
     check_against_token_loop(delta_rule_family_chunk_torch, leaves, cu_seqlens, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, "varlen [5, 0, 1, 9, 2], chunk 4"])
+NO_GRAPH_SHAPES = {
+    **SHAPES,
+    "varlen [5, 0, 1, 9, 2], chunk 4": (1, 17, [5, 0, 1, 9, 2], 4),
+    "varlen [70, 0, 80], chunk 40": (1, 150, [70, 0, 80], 40),  # three inverse blocks, the last partial
+}
+
+
+@pytest.mark.parametrize("shape", list(NO_GRAPH_SHAPES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_chunk_torch_without_graph_matches_token_loop(variant, shape):
-    """Inference (no graph): the sequential pass writes into preallocated buffers instead of joining
-    per-step tensors; sequences end at different steps, and one is empty."""
-    B, T, seqlens, chunk_size = SHAPES.get(shape, (1, 17, [5, 0, 1, 9, 2], 4))
+    """Inference (no graph): the chunk's explicit inverse, and the sequential pass writing into
+    preallocated buffers instead of joining per-step tensors; sequences end at different steps, and one
+    is empty."""
+    B, T, seqlens, chunk_size = NO_GRAPH_SHAPES[shape]
     leaves, cu_seqlens = make_leaves(variant, B, T, seqlens)
     args = dict(**family_args(leaves), output_final_state=True, cu_seqlens=cu_seqlens)
     with torch.no_grad():
@@ -144,6 +152,18 @@ def test_blocked_solve_matches_lapack(C):
     assert_close("dR", dR, dR_want)
     assert_close("dL", dL.tril(-1), dL_want.tril(-1))
     assert torch.count_nonzero(dL.triu()) == 0, "the solve read L's diagonal or upper part"
+
+
+@pytest.mark.parametrize("C", [1, 3, 16, 40, 64])
+def test_blocked_inverse_matches_lapack(C):
+    """The inference path's explicit blocked inverse, applied to right-hand sides, against LAPACK's solve
+    in float64; C = 40 ends on a partial block. L's diagonal and upper part hold large values that the
+    inverse must not read."""
+    L = torch.randn(3, C, C, dtype=F64) * 0.3
+    L = L.tril(-1) + 50 * torch.ones_like(L).triu()
+    R = torch.randn(3, C, 5, dtype=F64)
+    got = delta_rule_cpu._unit_lower_chunk_inverse(L) @ R
+    assert_close("X", got, torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True))
 
 
 def test_chunk_torch_partial_solve_block():
