@@ -84,6 +84,14 @@ def test_environment_and_default_path():
         assert env["commit"] and len(env["commit"]) == 40
 
 
+def test_environment_records_allocator_settings(monkeypatch):
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    env = environment("cpu")
+    assert env["allocator_env"].get("MALLOC_TRIM_THRESHOLD_") == "1073741824"
+    assert "LD_PRELOAD" not in env["allocator_env"]
+
+
 def test_default_results_path_is_outside_the_checkout(monkeypatch, tmp_path):
     monkeypatch.delenv("LAMINA_RESULTS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -71,6 +71,11 @@ def device_slug(device: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-") or "cuda"
 
 
+# Environment variables that change how the process allocates host memory: on glibc, freed heap memory
+# returned to the OS is faulted back in on the next call, which can double a CPU timing (``benchmarks/README.md``).
+ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "LD_PRELOAD")
+
+
 def environment(device: str) -> dict[str, Any]:
     """Where and with what a run measured."""
     root = repo_root()
@@ -81,6 +86,7 @@ def environment(device: str) -> dict[str, Any]:
         "gpu": device_name(device) if device == "cuda" else None,
         "cpu_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "allocator_env": {name: os.environ[name] for name in ALLOCATOR_ENV if name in os.environ},
         "commit": _git(root, "rev-parse", "HEAD"),
         "dirty": bool(status) if root is not None else None,
         "lamina": _version("lamina"),
