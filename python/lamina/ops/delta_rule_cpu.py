@@ -5,6 +5,9 @@
 speed (sequences, heads and chunks batched together, one sequential pass over chunk states,
 cache-sized groups for the channel-decay scores) and is tested against the naive token loop
 ``lamina.reference.delta_rule_family_recurrent_ref`` (tests/test_delta_rule_cpu.py), never used as it.
+Without a graph (inference: no input requires grad, or grad mode is off) it takes a path that
+autograd could not follow: the chunk's inverse built in place and the sequential pass writing into
+preallocated buffers (``out=`` and in-place products), the same map with fewer passes over memory.
 
 Per sequence and value head the state ``S`` is ``[K, V]``; for each token ``t``::
 
