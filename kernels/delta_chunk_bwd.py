@@ -461,7 +461,7 @@ def delta_chunk_bwd(
     dg = torch.empty_like(g_in) if decay == DecayKind.CHANNEL else torch.empty(nk, ntok, HV, **f32)
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
         q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, scale, T, nt, ntok,
-        BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, **dims, **flags, **launch)
+        BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column, **dims, **flags, **launch)
 
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)

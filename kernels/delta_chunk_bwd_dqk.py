@@ -32,7 +32,7 @@ def _delta_chunk_bwd_dqk_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
@@ -112,12 +112,20 @@ def _delta_chunk_bwd_dqk_kernel(
         k_t = k_in.to(tl.float32)
         e_t = k_t * b_t
         val_head = i_hv * V
-        if DECAY == DECAY_CHANNEL:
+        if DECAY == DECAY_CHANNEL or BY_COLUMN:
+            # key column by key column on CUDA cores (per-channel decay; BY_COLUMN: a dense decay as its
+            # per-channel form, every column with the same G)
+            if DECAY == DECAY_CHANNEL:
+                G_cols = G
+            elif DECAY == DECAY_SCALAR:
+                G_cols = G[:, None] + tl.zeros([BT, BK], dtype=tl.float32)
+            else:
+                G_cols = tl.zeros([BT, BK], dtype=tl.float32)
             dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             dP = tl.where(lower, dP * scale, 0.0)
             dM = tl.where(strict, -dM, 0.0)
-            dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G, o_t, L, dq_h, de_h, dk_h, BT)
+            dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G_cols, o_t, L, dq_h, de_h, dk_h, BT)
         else:
             # one [BT, BT] tile at a time: dP's products are done before dM is formed. With REGRAM the
             # transposes that dk takes are grams of their own, U dO^T and U dR^T (masked above the diagonal),

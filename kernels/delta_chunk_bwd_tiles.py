@@ -71,6 +71,13 @@ FP32_DENSE_DQK_BLOCK_K = 16
 #   sm_90, Triton 3.9: DeltaNet 20 -> 0 (240 registers), Gated DeltaNet 49 -> 24;
 #   sm_90, Triton 3.6: DeltaNet 0 -> 0 (224 -> 246 registers), Gated DeltaNet 9 -> 16;
 #   sm_80, Triton 3.9: DeltaNet 33-34 -> 25-26, Gated DeltaNet 112 -> 93.
+# ``dqk_by_column``: fp32 with a dense decay takes the dqk kernel's intra-chunk products key column by key
+# column on CUDA cores, as a per-channel decay does (every column with the same G), wherever the tensor-core
+# form above still spills: everywhere but DeltaNet on sm_90 at DQK_BLOCK_V columns. Static report, fp32,
+# K = 64 to 512, STL with the tensor-core form -> by column:
+#   sm_90: Gated DeltaNet 23-24 (Triton 3.9), 16 (3.6) -> 0 (208-213 registers); the dqk_bv = 32
+#   alternatives 28-71 -> 0 (208-236 registers);
+#   sm_80: DeltaNet 25-26 -> 0 (245-253 registers), Gated DeltaNet 93 -> 0 (255 registers).
 # V block of the fp32 prep kernel with per-channel decay on targets without warpgroup products: sm_80,
 # Triton 3.9, KDA and GDN-2 spilled 1 STL at FP32_PREP_BLOCK_V from K = 64 to 512 (255 registers), and
 # compile to 238 registers at 16 (at 16 the dense decays sit at 254, so they keep 32).
@@ -97,7 +104,8 @@ class BwdTiles(NamedTuple):
     """Key/value blocks of the three backward kernels for one shape and decay kind, where the reverse
     scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one key block at a time), and
     whether the dqk kernel forms the transposed intra-chunk gradients as grams of their own
-    (``dqk_regram``: fp32 with a dense decay)."""
+    (``dqk_regram``: fp32 with a dense decay) and whether it takes the intra-chunk products key column by key
+    column (``dqk_by_column``: fp32 with a dense decay where the tensor-core form spills)."""
 
     prep_bk: int
     prep_bv: int
@@ -107,6 +115,7 @@ class BwdTiles(NamedTuple):
     dqk_bv: int
     dh_in_memory: bool = False
     dqk_regram: bool = False
+    dqk_by_column: bool = False
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None,
@@ -133,13 +142,15 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
             dqk_bk=tiles.dqk_bk if decay == DecayKind.CHANNEL else FP32_DENSE_DQK_BLOCK_K,
             dqk_regram=decay != DecayKind.CHANNEL,
         )
-    if tuning is None:
-        return tiles
-    chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")
-              if (value := getattr(tuning, name)) is not None}
-    if tuning.dh_in_memory is not None:
-        chosen["dh_in_memory"] = tuning.dh_in_memory or cdiv(K, tiles.scan_bk) > MAX_REGISTER_SCAN_BLOCKS
-    tiles = tiles._replace(**chosen)
-    if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
-        tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
+    if tuning is not None:
+        chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")
+                  if (value := getattr(tuning, name)) is not None}
+        if tuning.dh_in_memory is not None:
+            chosen["dh_in_memory"] = tuning.dh_in_memory or cdiv(K, tiles.scan_bk) > MAX_REGISTER_SCAN_BLOCKS
+        tiles = tiles._replace(**chosen)
+        if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
+            tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
+    if fp32 and decay != DecayKind.CHANNEL:
+        tensor_core_fits = warpgroup_mma and decay == DecayKind.NONE and tiles.dqk_bv <= DQK_BLOCK_V
+        tiles = tiles._replace(dqk_by_column=not tensor_core_fits)
     return tiles

@@ -189,7 +189,8 @@ def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
         _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
         _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
-        _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram),
+        _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram,
+                                          BY_COLUMN=tiles.dqk_by_column),
     }[fn]
 
 
@@ -235,6 +236,7 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
                           IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, **dict(blocks),
                           **{name: None for name in _DENSE_NONE if name in jit.arg_names})
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
+        label += " by_column" if dict(blocks).get("BY_COLUMN") else ""
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
         meta = {"attrs": aligned_attrs(jit, signature)}
         if len(per_arch) > 1 or always_archs:

@@ -297,6 +297,7 @@ def test_bwd_report_matches_launch():
                 assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
             if spec.name == "_delta_chunk_bwd_dqk_kernel":
                 assert c["REGRAM"] == tiles.dqk_regram, spec.config
+                assert c["BY_COLUMN"] == tiles.dqk_by_column, f"{spec.config} sm_{arch}"
             if spec.default:
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
