@@ -220,6 +220,28 @@ def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t
     return b_L, b_Aqk
 
 
+@triton.jit
+def _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                    DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Stores key block ``kb`` of ``Y = A (E * exp(G))`` (``b_Ad``: the chunk's inverse in the
+    activations' dtype; ``b_beta``, ``b_gs``: the scalar erase gate and cumulative decay, when scalar)."""
+    DT = wy.dtype.element_ty
+    o_k = kb * BK + tl.arange(0, BK)
+    m = m_t[:, None] & (o_k < K)[None, :]
+    b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+    if ERASE == GATE_SCALAR:
+        b_e = b_k * b_beta[:, None]
+    else:
+        b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+    if DECAY == DECAY_SCALAR:
+        b_e = b_e * tl.exp(b_gs)[:, None]
+    if DECAY == DECAY_CHANNEL:
+        b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
+    b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PRECISION)
+    tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
@@ -247,6 +269,7 @@ def _delta_chunk_prep_fwd_kernel(
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
 
     # -- cumulative log decay inside the chunk ------------------------------------------------
+    b_gs = 0.0  # a per-channel decay is loaded with its key block
     if DECAY == DECAY_SCALAR:
         b_gs = tl.cumsum(tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32), axis=0)
         tl.store(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), b_gs, mask=m_t)
@@ -317,20 +340,18 @@ def _delta_chunk_prep_fwd_kernel(
     b_Ad = b_A.to(DT)
 
     # -- Y = A (E * exp(G)), U = A Z --------------------------------------------------------------
-    for kb in tl.static_range(NK):
-        o_k = kb * BK + tl.arange(0, BK)
-        m = m_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if ERASE == GATE_SCALAR:
-            b_e = b_k * b_beta[:, None]
-        else:
-            b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
-        if DECAY == DECAY_SCALAR:
-            b_e = b_e * tl.exp(b_gs)[:, None]
-        if DECAY == DECAY_CHANNEL:
-            b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
-        b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PRECISION)
-        tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
+    # As for the gram: rolled for fp32, unrolled for 16-bit. Static report, sm_90, Triton 3.9: unrolled, the
+    # fp32 blocked-solve rows spilled 2-111 STL (A's split operands live beside every key block's loads) and
+    # rolled none does, while the fp32 defaults take 28-60 fewer registers; rolled, 16-bit KDA and GDN-2
+    # took 20-47 more.
+    if DT == tl.float32:
+        for kb in range(NK):
+            _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
+                            H, HV, K, BK, DECAY, ERASE, DOT_PRECISION)
+    else:
+        for kb in tl.static_range(NK):
+            _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
+                            H, HV, K, BK, DECAY, ERASE, DOT_PRECISION)
     if WRITE == GATE_SCALAR:
         b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
