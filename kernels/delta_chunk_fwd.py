@@ -39,6 +39,7 @@ import triton.language as tl
 from lamina.kernels._utils import autotune, cdiv, next_power_of_2
 from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
+    DECAY_NONE,
     DECAY_SCALAR,
     DEFAULT_CHUNK_SIZE,
     DOT_PRECISION,
@@ -221,25 +222,27 @@ def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t
 
 
 @triton.jit
-def _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                    DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Stores key block ``kb`` of ``Y = A (E * exp(G))`` (``b_Ad``: the chunk's inverse in the
-    activations' dtype; ``b_beta``, ``b_gs``: the scalar erase gate and cumulative decay, when scalar)."""
-    DT = wy.dtype.element_ty
-    o_k = kb * BK + tl.arange(0, BK)
-    m = m_t[:, None] & (o_k < K)[None, :]
-    b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-    if ERASE == GATE_SCALAR:
-        b_e = b_k * b_beta[:, None]
+def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, blk, tok0, o_t, m_t, i_src, i_hv,
+                        HS: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                        GATE: tl.constexpr, DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Stores columns ``blk * BD + [0, BD)`` of ``A (X * gate * exp(G))`` into ``dst``: ``Y = A (E exp(G))``
+    from the keys (``src = k`` with ``HS = H`` heads, the erase gate) or ``U = A Z`` from the values (``v``,
+    ``HS = HV``, the write gate, ``DECAY_NONE``). ``b_Ad``: the chunk's inverse in the activations' dtype;
+    ``b_gate``, ``b_gs``: the scalar gate and cumulative decay, where they are scalar."""
+    DT = dst.dtype.element_ty
+    o_d = blk * BD + tl.arange(0, BD)
+    m = m_t[:, None] & (o_d < D)[None, :]
+    b_x = tl.load(_row_ptrs(src, tok0, o_t, i_src, HS, D, o_d), mask=m, other=0.0).to(tl.float32)
+    if GATE == GATE_SCALAR:
+        b_x = b_x * b_gate[:, None]
     else:
-        b_e = b_k * tl.load(_row_ptrs(b, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+        b_x = b_x * tl.load(_row_ptrs(gate, tok0, o_t, i_hv, HV, D, o_d), mask=m, other=0.0).to(tl.float32)
     if DECAY == DECAY_SCALAR:
-        b_e = b_e * tl.exp(b_gs)[:, None]
+        b_x = b_x * tl.exp(b_gs)[:, None]
     if DECAY == DECAY_CHANNEL:
-        b_e = b_e * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0))
-    b_y = tl.dot(b_Ad, b_e.to(DT), input_precision=DOT_PRECISION)
-    tl.store(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), b_y.to(DT), mask=m)
+        b_x = b_x * tl.exp(tl.load(_row_ptrs(gcum, tok0, o_t, i_hv, HV, D, o_d), mask=m, other=0.0))
+    b_y = tl.dot(b_Ad, b_x.to(DT), input_precision=DOT_PRECISION)
+    tl.store(_row_ptrs(dst, tok0, o_t, i_hv, HV, D, o_d), b_y.to(DT), mask=m)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -346,24 +349,18 @@ def _delta_chunk_prep_fwd_kernel(
     # took 20-47 more.
     if DT == tl.float32:
         for kb in range(NK):
-            _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
-                            H, HV, K, BK, DECAY, ERASE, DOT_PRECISION)
+            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
+                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION)
     else:
         for kb in tl.static_range(NK):
-            _store_wy_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
-                            H, HV, K, BK, DECAY, ERASE, DOT_PRECISION)
+            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
+                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION)
+    b_wbeta = 1.0  # a per-column write gate is loaded with its value block
     if WRITE == GATE_SCALAR:
         b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        o_v = vb * BV + tl.arange(0, BV)
-        m_z = m_t[:, None] & (o_v < V)[None, :]
-        b_z = tl.load(_row_ptrs(v, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
-        if WRITE == GATE_SCALAR:
-            b_z = b_z * b_wbeta[:, None]
-        else:
-            b_z = b_z * tl.load(_row_ptrs(w, tok0, o_t, i_hv, HV, V, o_v), mask=m_z, other=0.0).to(tl.float32)
-        b_u = tl.dot(b_Ad, b_z.to(DT), input_precision=DOT_PRECISION)
-        tl.store(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), b_u.to(DT), mask=m_z)
+        _store_solved_block(u, v, w, gcum, b_Ad, b_wbeta, b_gs, vb, tok0, o_t, m_t, i_hv, i_hv,
+                            HV, HV, V, BV, WRITE, DECAY_NONE, DOT_PRECISION)
 
 
 # ----------------------------------------------------------------------------------------------
