@@ -347,6 +347,12 @@ def _delta_chunk_prep_fwd_kernel(
     # fp32 blocked-solve rows spilled 2-111 STL (A's split operands live beside every key block's loads) and
     # rolled none does, while the fp32 defaults take 28-60 fewer registers; rolled, 16-bit KDA and GDN-2
     # took 20-47 more.
+    if ERASE == GATE_SCALAR and DECAY == DECAY_CHANNEL:
+        # KDA loads its erase gate again rather than keep it live across the solve. Static report, sm_80,
+        # Triton 3.6: kept, fp32 K = 128 to 512 and bf16/fp16 K = 512 spilled 1 STL; reloaded, 0.
+        # With a dense decay the reload spilled instead (Gated DeltaNet, sm_80 3.6 bf16 K = 256, sm_90 3.9
+        # fp32 solve_block=16), so those keep it.
+        b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     if DT == tl.float32:
         for kb in range(NK):
             _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
