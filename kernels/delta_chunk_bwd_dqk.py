@@ -106,12 +106,17 @@ def _delta_chunk_bwd_dqk_kernel(
             b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
         else:
             b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        val_head = i_hv * V
+        if DECAY == DECAY_CHANNEL or BY_COLUMN:
+            # the two [BT, BT] grams before the chunk's q and k tiles are loaded: with the tiles loaded
+            # first, KDA and GDN-2 fp32 spilled 2 and 4 STL on sm_80 under Triton 3.6 (static report)
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
         q_in = load_tile(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         k_in = load_tile(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         q_t = q_in.to(tl.float32)
         k_t = k_in.to(tl.float32)
         e_t = k_t * b_t
-        val_head = i_hv * V
         if DECAY == DECAY_CHANNEL or BY_COLUMN:
             # key column by key column on CUDA cores (per-channel decay; BY_COLUMN: a dense decay as its
             # per-channel form, every column with the same G)
@@ -121,8 +126,6 @@ def _delta_chunk_bwd_dqk_kernel(
                 G_cols = G[:, None] + tl.zeros([BT, BK], dtype=tl.float32)
             else:
                 G_cols = tl.zeros([BT, BK], dtype=tl.float32)
-            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
             dP = tl.where(lower, dP * scale, 0.0)
             dM = tl.where(strict, -dM, 0.0)
             dq_h, de_h, dk_h = gated_intra_grads(dP, dM, q_t, e_t, k_t, G_cols, o_t, L, dq_h, de_h, dk_h, BT)
