@@ -17,6 +17,11 @@ tested against the float64 reference under the interpreter):
 * ``state_in_memory``: where the forward's state pass keeps the state. None: ``scan_tiles``'s choice
   (memory for fp32 activations, registers for 16-bit ones); True: in memory (two reads and a write of
   each key block per chunk, narrower key blocks); False: in registers (at most four key blocks).
+* ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
+  ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values). False: the forward's state pass saves
+  them for the backward (the default); True: it saves nothing of them and the backward runs the chunked
+  forward again to recompute them first (less memory between forward and backward, for one more forward;
+  fla's own default). Read when the forward runs (under ``torch.compile``, when it is traced).
 
 ``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
 benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when
@@ -49,12 +54,14 @@ class DeltaTuning:
     dqk_bv: int | None = None
     dh_in_memory: bool | None = None
     state_in_memory: bool | None = None
+    recompute_states: bool = False
 
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
-        if not isinstance(self.output_kernel, bool):
-            raise ValueError(f"delta_tuning: output_kernel must be a bool, got {self.output_kernel!r}")
+        for name in ("output_kernel", "recompute_states"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"delta_tuning: {name} must be a bool, got {getattr(self, name)!r}")
         for name in ("dh_in_memory", "state_in_memory"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -71,7 +78,8 @@ class DeltaTuning:
 
     @property
     def changes_forward(self) -> bool:
-        """Whether the forward kernels run differently (else only the backward's do)."""
+        """Whether the forward kernels run differently (else only the backward's do, or, with
+        ``recompute_states``, what a training forward keeps for it)."""
         base = DeltaTuning()
         return (self.solve_block != base.solve_block or self.output_kernel != base.output_kernel
                 or self.state_in_memory != base.state_in_memory)
@@ -83,10 +91,11 @@ class DeltaTuning:
 
 # The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
 # non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, the forward's state
-# in memory, a wider value block for each backward kernel, and the reverse scan's dH in memory.
+# in memory, a wider value block for each backward kernel, the reverse scan's dH in memory, and the chunk
+# states recomputed by the backward instead of saved by the forward.
 ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
                 DeltaTuning(state_in_memory=True), DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32),
-                DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True))
+                DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True), DeltaTuning(recompute_states=True))
 # The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
 ALTERNATIVE_ARCHS = (90,)
 

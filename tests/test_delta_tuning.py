@@ -5,8 +5,9 @@ bad choices raise by name. (The forward's solve alternatives: tests/test_delta_f
 from __future__ import annotations
 
 import pytest
+import torch
 from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case, record_bwd_tiles
-from test_delta_ops import check_training_against_float64
+from test_delta_ops import CALLS, HV, H, check_training_against_float64, rand
 
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
 from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
@@ -27,6 +28,36 @@ def test_backward_value_blocks(monkeypatch, kinds, choices):
     want = {"scan_bv": 16, "dh_in_memory": True, **choices}
     assert (used[0].prep_bv, used[0].scan_bv, used[0].dqk_bv, used[0].dh_in_memory) == (
         want["prep_bv"], want["scan_bv"], want["dqk_bv"], want["dh_in_memory"])
+
+
+def _saved_chunk_states(variant: str, t: int, k_dim: int, v_dim: int, chunk: int) -> int:
+    """How many tensors of the chunk states' shape ``[chunks, HV, K, V]`` the op's training forward saves for
+    its backward, under the active tuning."""
+    shapes = []
+
+    def pack(x):
+        shapes.append(tuple(x.shape))
+        return x
+
+    q, k = rand(1, t, H, k_dim, seed=1), rand(1, t, H, k_dim, seed=2)
+    v, g = rand(1, t, HV, v_dim, seed=3), -torch.rand(1, t, HV, k_dim)
+    b, w = torch.rand(1, t, HV, k_dim), torch.rand(1, t, HV, v_dim)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, b, w)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        CALLS[variant](*leaves, chunk_size=chunk, backend="triton")
+    return shapes.count((-(-t // chunk), HV, k_dim, v_dim))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", ["delta", "gdn", "kda", "gdn2"])
+def test_recomputed_chunk_states(variant):
+    """``recompute_states``: the training forward saves no chunk states (by default it saves one tensor of
+    them), and the backward, recomputing them, gives the float64 path's output, state and every gradient."""
+    t, k_dim, v_dim, chunk = 40, 32, 16, 16
+    assert _saved_chunk_states(variant, t, k_dim, v_dim, chunk) == 1
+    with delta_tuning(recompute_states=True):
+        assert _saved_chunk_states(variant, t, k_dim, v_dim, chunk) == 0
+        check_training_against_float64(variant, t, k_dim, v_dim, chunk_size=chunk)
 
 
 def test_tiles_follow_the_tuning():
@@ -84,6 +115,7 @@ def test_nested_choices_and_restore():
     (dict(scan_bv=48), "scan_bv must be None or one of"),
     (dict(prep_bv=128), "prep_bv must be None or one of"),
     (dict(dh_in_memory=1), "dh_in_memory must be None or a bool"),
+    (dict(recompute_states=None), "recompute_states must be a bool"),
     (dict(block=16), "unknown choices"),
 ])
 def test_bad_choices_raise_by_name(choices, message):

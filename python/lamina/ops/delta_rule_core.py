@@ -346,8 +346,13 @@ def delta_rule_core(
         x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
     if initial_state is not None:
         initial_state = initial_state.float()
+    from lamina.kernels.delta_tuning import active_tuning
+
+    # the chunk states for the backward: saved by a chunked training forward unless the tuning asks the backward
+    # to recompute them (as it does after the token-by-token forward)
+    save_states = needs_grad and (output_v_new or not recurrent) and not active_tuning().recompute_states
     o, ht, _, v_new = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
-                              chunk_size, recurrent, needs_grad and (output_v_new or not recurrent), output_v_new)
+                              chunk_size, recurrent, save_states, output_v_new)
     return o, (ht if output_final_state else None), (v_new if output_v_new else None)
 
 
