@@ -97,10 +97,12 @@ from lamina.kernels.delta_chunk_common import (
     GATE_SCALAR,
     MAX_K,
     DecayKind,
+    GateInput,
     GateKind,
     chunk_indices,
     chunk_rows,
     first_chunk,
+    gate_kernel_args,
     seq_bounds,
 )
 from lamina.kernels.delta_tuning import active_tuning
@@ -118,11 +120,12 @@ FP32_DR_ROWS = tl.constexpr(16)
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
-    q, k, v, g, b, w, h, do, dv_new, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices, scale, T, NT,
+    q, k, v, g, b, w, h, do, dv_new, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices,
+    A_log, dt_bias, lower_bound, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE_ACT: tl.constexpr,
 ):
     i_ch = tl.program_id(0)
     i_c = i_ch // HV
@@ -146,7 +149,7 @@ def _delta_chunk_bwd_prep_kernel(
         else:
             e_t = k_t * b_s[:, None]
         if DECAY == DECAY_CHANNEL:
-            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
             P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, L, BT)
             Pm += P1
             Mm += M1
@@ -155,7 +158,7 @@ def _delta_chunk_bwd_prep_kernel(
             Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
             Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
     if DECAY == DECAY_SCALAR:
-        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
         gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
         Pm = Pm * gate
         Mm = Mm * gate
@@ -191,7 +194,8 @@ def _delta_chunk_bwd_prep_kernel(
             else:
                 e_g = k_t * b_s[:, None]
             if DECAY == DECAY_CHANNEL:
-                gamma = tl.exp(load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY))
+                gamma = tl.exp(load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound,
+                                         GATE_ACT))
                 e_g = e_g * gamma
                 q_g = q_g * gamma
             elif DECAY == DECAY_SCALAR:
@@ -208,12 +212,12 @@ def _delta_chunk_bwd_prep_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dh_kernel(
     k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
-    cu_seqlens, chunk_offsets, T, NT, NTOK,
+    cu_seqlens, chunk_offsets, A_log, dt_bias, lower_bound, T, NT, NTOK,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DH_IN_MEMORY: tl.constexpr,
+    DH_IN_MEMORY: tl.constexpr, GATE_ACT: tl.constexpr,
 ):
     # dH is held as a tuple of NKB (at most four) [BK, BV] row blocks of the [K, BV] column block, each
     # chunk's loops over it unrolled (static_range), so that every [BT, K] operand is formed BK columns at a
@@ -262,7 +266,8 @@ def _delta_chunk_bwd_dh_kernel(
         dU = load_rows(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         if DH_IN_MEMORY:
             for k0 in range(0, K, BK):
-                kt, _, _ = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                kt, _, _ = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE,
+                                         A_log, dt_bias, lower_bound, GATE_ACT)
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 dU += tl.dot(kt, dh.to(DT), input_precision=DOT_PRECISION)
         else:
@@ -270,7 +275,8 @@ def _delta_chunk_bwd_dh_kernel(
             qds, egs, dcs = (), (), ()
             for kb in tl.static_range(NKB):
                 qds = qds + (swap_state_block(dh_buf, chunk_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V),)
-                kt, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, kb * BK, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                kt, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, kb * BK, o_t, o_k, H, HV, K, BT, DECAY,
+                                           ERASE, A_log, dt_bias, lower_bound, GATE_ACT)
                 egs, dcs = egs + (eg,), dcs + (dc,)
                 dU += tl.dot(kt, dh_blocks[kb].to(DT), input_precision=DOT_PRECISION)
         # A^T is read through transposed pointers (A_T[i, j] = A[token j, column i]), not formed with
@@ -318,7 +324,8 @@ def _delta_chunk_bwd_dh_kernel(
             for k0 in range(0, K, BK):
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 qd = swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V)
-                _, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE)
+                _, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE,
+                                          A_log, dt_bias, lower_bound, GATE_ACT)
                 dh = dh * dc + qd - tl.dot(tl.trans(eg), dR_c, input_precision=DOT_PRECISION)
                 # every thread has read the block before any overwrites it (the store's layout may give
                 # an element to another thread)
@@ -365,6 +372,7 @@ def delta_chunk_bwd(
     cu_seqlens: torch.Tensor | None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     dv_new: torch.Tensor | None = None,
+    gate: GateInput | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the chunked delta-rule family (module docstring) with respect to every input.
 
@@ -380,10 +388,14 @@ def delta_chunk_bwd(
         chunk_size: 16, 32 or 64.
         dv_new: [B, T, HV, V] or None: the gradient of the writes ``U`` when the forward returned them
             (``output_v_new``); it is added to ``dU`` before ``dR = A^T dU``, which carries it to every input.
+        gate: with a ``GateInput``, ``g`` is the raw gate input, activated where the kernels load it (fla's
+            ``use_gate_in_kernel``); ``dg`` is then its gradient, and two more results follow.
 
     Returns:
         (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs (dinitial_state is
         float32); dg/db/dw are None when that input is None, dinitial_state when initial_state is None.
+        With ``gate``: then ``dA_log`` and ``ddt_bias`` (None for a parameter left out), shaped and typed as
+        those parameters.
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
         check_tensor(name, x, ndim=4)
@@ -426,8 +438,11 @@ def delta_chunk_bwd(
     dht = dfinal_state.contiguous() if dfinal_state is not None else h
     f32 = dict(dtype=torch.float32, device=q.device)
     ntok = B * T
+    if gate is not None and g is None:
+        raise ValueError("g (the raw gate input) is required with a gate activation")
+    gate_kw = gate_kernel_args(gate, HV, K if decay == DecayKind.CHANNEL else 1, q)  # pointers, lower_bound
     flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
-                 DOT_PRECISION=DOT_PRECISION)
+                 DOT_PRECISION=DOT_PRECISION, GATE_ACT=gate_kw.pop("GATE_ACT"))
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
     cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 
@@ -438,8 +453,9 @@ def delta_chunk_bwd(
     tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning(), fp32=q.dtype == torch.float32)
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, scale, T, nt,
-        BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None, **dims, **flags, **launch)
+        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, **gate_kw,
+        scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None, **dims, **flags,
+        **launch)
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
@@ -450,7 +466,7 @@ def delta_chunk_bwd(
         dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
         k, v, g_in, b_in, w_in, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
-        cu, offs, T, nt, ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
+        cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags, **launch)
 
@@ -458,9 +474,13 @@ def delta_chunk_bwd(
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     db = torch.empty_like(b_in) if erase == GateKind.CHANNEL else torch.empty(nk, ntok, HV, **f32)
-    dg = torch.empty_like(g_in) if decay == DecayKind.CHANNEL else torch.empty(nk, ntok, HV, **f32)
+    # a raw gate input's gradient is formed in fp32 (the sum over tokens that dt_bias's gradient is reads it)
+    dg = (torch.empty(nk, ntok, HV, **f32) if decay != DecayKind.CHANNEL
+          else torch.empty_like(g_in, dtype=torch.float32) if gate is not None else torch.empty_like(g_in))
+    dg_a = torch.empty_like(dg) if gate is not None else dg  # the A_log term of each gate gradient
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
-        q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, scale, T, nt, ntok,
+        q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
+        scale=scale, T=T, NT=nt, NTOK=ntok,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column, **dims, **flags, **launch)
 
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -470,4 +490,13 @@ def delta_chunk_bwd(
     db_out = None if b is None else (db if erase == GateKind.CHANNEL else reduce(db, b))
     dw_out = None if w is None else (dw if write == GateKind.CHANNEL else reduce(dw, w))
     dh0_out = dh0 if initial_state is not None else None
-    return dq, dk, dv, dg_out, db_out, dw_out, dh0_out
+    if gate is None:
+        return dq, dk, dv, dg_out, db_out, dw_out, dh0_out
+    # dt_bias enters as g + dt_bias: its gradient is the raw gate's, summed over tokens; A_log's is the A_log
+    # terms summed over tokens (and channels)
+    dg_raw = dg.view(g.shape) if decay == DecayKind.CHANNEL else dg.sum(0).view(lead)
+    dA_log = None if gate.A_log is None else dg_a.view(-1, HV, K if decay == DecayKind.CHANNEL else 1).sum((0, 2))
+    ddt_bias = None if gate.dt_bias is None else dg_raw.sum((0, 1)).reshape(-1)
+    return (dq, dk, dv, dg_out.to(g.dtype), db_out, dw_out, dh0_out,
+            None if dA_log is None else dA_log.view(gate.A_log.shape).to(gate.A_log.dtype),
+            None if ddt_bias is None else ddt_bias.view(gate.dt_bias.shape).to(gate.dt_bias.dtype))

@@ -22,17 +22,26 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     row_of,
     rows_gram,
 )
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_NONE, DECAY_SCALAR, GATE_CHANNEL, chunk_rows
+from lamina.kernels.delta_chunk_common import (
+    ACT_NONE,
+    DECAY_CHANNEL,
+    DECAY_NONE,
+    DECAY_SCALAR,
+    GATE_CHANNEL,
+    chunk_rows,
+    gate_decay_grads,
+    gate_params,
+)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dqk_kernel(
     q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
-    cu_seqlens, chunk_indices, scale, T, NT, NTOK,
+    cu_seqlens, chunk_indices, A_log, dt_bias, lower_bound, dg_a, scale, T, NT, NTOK,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr, GATE_ACT: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
@@ -80,12 +89,12 @@ def _delta_chunk_bwd_dqk_kernel(
             dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
             dgc += tl.sum(dH * S0, 1)
         if DECAY == DECAY_CHANNEL:
-            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+            G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
             g_last = row_of(G, o_t, BT - 1)
             gamma = tl.exp(G)
             tail = tl.exp(g_last[None, :] - G)
         elif DECAY == DECAY_SCALAR:
-            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+            G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
             g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
             gamma = tl.exp(G)[:, None]
             tail = tl.exp(g_last - G)[:, None]
@@ -166,12 +175,28 @@ def _delta_chunk_bwd_dqk_kernel(
             # in the reverse cumulative sum.
             dG = q_t * dq_h + e_t * de_h - k_t * dk_h
             dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
+            # the gradient of the log decay; of a raw gate input (GATE_ACT) through the activation, with
+            # the activation's A_log term in dg_a (the launcher sums it)
             if DECAY == DECAY_CHANNEL:
                 g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
-                tl.store(dg + g_offs, tl.cumsum(dG, 0, reverse=True).to(dg.dtype.element_ty), mask=tile_mask)
+                dg_t = tl.cumsum(dG, 0, reverse=True)
+                if GATE_ACT != ACT_NONE:
+                    a, bias = gate_params(A_log, dt_bias, i_hv, i_hv * K + k0 + o_k[None, :],
+                                          ((k0 + o_k) < K)[None, :])
+                    d_x, d_a = gate_decay_grads(load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K), a, bias,
+                                                lower_bound, GATE_ACT)
+                    tl.store(dg_a + g_offs, dg_t * d_a, mask=tile_mask)
+                    dg_t = dg_t * d_x
+                tl.store(dg + g_offs, dg_t.to(dg.dtype.element_ty), mask=tile_mask)
             else:
                 part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
-                tl.store(dg + part, tl.cumsum(tl.sum(dG, 1), 0, reverse=True), mask=row_mask)
+                dg_t = tl.cumsum(tl.sum(dG, 1), 0, reverse=True)
+                if GATE_ACT != ACT_NONE:
+                    a, bias = gate_params(A_log, dt_bias, i_hv, i_hv, True)
+                    d_x, d_a = gate_decay_grads(load_vec(g + i_hv, t0, L, HV, o_t), a, bias, lower_bound, GATE_ACT)
+                    tl.store(dg_a + part, dg_t * d_a, mask=row_mask)
+                    dg_t = dg_t * d_x
+                tl.store(dg + part, dg_t, mask=row_mask)
 
     qk_offs = (rows64 * (H * K) + i_h * K)[:, None] + (k0 + o_k)[None, :]
     tl.store(dq + qk_offs, dq_acc.to(dq.dtype.element_ty), mask=tile_mask)

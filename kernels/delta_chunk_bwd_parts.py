@@ -5,7 +5,8 @@ Everything here works on one chunk of ``BT`` tokens held in registers:
 * ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile``: a ``[BT, BC]`` tile of a
   ``[tokens, heads, C]`` tensor, masked to the chunk (plain pointers: no block pointers, which
   Triton 3.9 removed).
-* ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel).
+* ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel),
+  of a raw gate input activated first (``GATE_ACT``).
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL
+from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, activated_gate
 
 
 @triton.jit
@@ -66,15 +67,21 @@ def load_vec(ptr, t0, L, row_stride, o_t):
 
 
 @triton.jit
-def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr):
+def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr, A_log, dt_bias, lower_bound,
+              GATE_ACT: tl.constexpr):
     """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY_SCALAR), ``[BT, BK]`` for a
-    per-channel gate (DECAY_CHANNEL; key columns ``k0 + o_k``). Rows past the chunk end repeat the last
-    valid row (their ``g`` loads as 0), so ``G[BT - 1]`` is the decay of the whole chunk."""
+    per-channel gate (DECAY_CHANNEL; key columns ``k0 + o_k``); a raw gate input goes through
+    ``activated_gate`` first. Rows past the chunk end repeat the last valid row (their decay is 0), so
+    ``G[BT - 1]`` is the decay of the whole chunk."""
     if DECAY == DECAY_CHANNEL:
         gk = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        m_k = (k0 + o_k) < K
+        gk = activated_gate(gk, A_log, dt_bias, lower_bound, i_hv, i_hv * K + k0 + o_k[None, :], m_k[None, :],
+                            (o_t < L)[:, None] & m_k[None, :], GATE_ACT)
         return tl.cumsum(gk, 0)
     else:
         gs = load_vec(g + i_hv, t0, L, HV, o_t)
+        gs = activated_gate(gs, A_log, dt_bias, lower_bound, i_hv, i_hv, True, o_t < L, GATE_ACT)
         return tl.cumsum(gs, 0)
 
 
@@ -179,7 +186,8 @@ def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
 
 @triton.jit
 def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
-                  K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr):
+                  K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, A_log, dt_bias,
+                  lower_bound, GATE_ACT: tl.constexpr):
     """For key columns ``k0 + o_k`` of one chunk: ``Kt`` and ``Eb`` in the dot dtype, and the chunk's
     total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
     DT = k.dtype.element_ty
@@ -189,13 +197,13 @@ def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: 
     else:
         e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
     if DECAY == DECAY_CHANNEL:
-        G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY)
+        G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
         g_last = row_of(G, o_t, BT - 1)
         k_tail = (k_t * tl.exp(g_last[None, :] - G)).to(DT)
         e_g = (e_t * tl.exp(G)).to(DT)
         decay_chunk = tl.exp(g_last)[:, None]
     elif DECAY == DECAY_SCALAR:
-        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY)
+        G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
         g_last = tl.sum(tl.where(o_t == BT - 1, G, 0.0), 0)
         k_tail = (k_t * tl.exp(g_last - G)[:, None]).to(DT)
         e_g = (e_t * tl.exp(G)[:, None]).to(DT)

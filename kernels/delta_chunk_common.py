@@ -6,6 +6,9 @@
   directions (the ``h`` tensor of chunk-start states is indexed by it).
 * ``DecayKind`` / ``GateKind``: the compile-time flags of the kernel family, read off the
   shapes of ``g``, ``b`` and ``w``.
+* ``GateAct`` / ``GateInput`` (host) and ``gate_decay`` / ``gate_decay_grads`` / ``activated_gate``
+  (``@triton.jit``): the gate activation of fla's ``use_gate_in_kernel``, applied where the kernels load
+  ``g``, forward and backward.
 * Tile sizes that both directions agree on, each with its reason.
 """
 
@@ -58,6 +61,50 @@ DECAY_SCALAR = tl.constexpr(DecayKind.SCALAR)
 DECAY_CHANNEL = tl.constexpr(DecayKind.CHANNEL)
 GATE_SCALAR = tl.constexpr(GateKind.SCALAR)
 GATE_CHANNEL = tl.constexpr(GateKind.CHANNEL)
+
+
+class GateAct:
+    """What the kernels make of ``g`` (the ``GATE_ACT`` flag)."""
+
+    NONE = 0  # g is the log decay
+    SOFTPLUS = 1  # -exp(A_log) * softplus(g + dt_bias)
+    BOUNDED = 2  # lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), lower_bound < 0
+
+
+ACT_NONE = tl.constexpr(GateAct.NONE)
+ACT_SOFTPLUS = tl.constexpr(GateAct.SOFTPLUS)
+ACT_BOUNDED = tl.constexpr(GateAct.BOUNDED)
+
+
+class GateInput(NamedTuple):
+    """A raw gate input's activation parameters (fla's ``use_gate_in_kernel``): ``A_log [HV]`` (None: 0, only
+    with ``lower_bound``), ``dt_bias [HV]`` for a scalar gate or ``[HV * K]`` per channel (None: 0), and
+    ``lower_bound`` (None: the softplus form)."""
+
+    A_log: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    lower_bound: float | None
+
+    @property
+    def act(self) -> int:
+        return GateAct.SOFTPLUS if self.lower_bound is None else GateAct.BOUNDED
+
+    def kernel_args(self, n_heads: int, n_bias: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``(A_log, dt_bias, lower_bound)`` as the kernels read them: float32, zeros for a parameter left out
+        (``n_heads`` and ``n_bias`` of them: the kernels read ``A_log[i_hv]`` and ``dt_bias`` at every head)."""
+        f32 = dict(dtype=torch.float32, device=device)
+        a = torch.zeros(n_heads, **f32) if self.A_log is None else self.A_log.reshape(-1).to(**f32).contiguous()
+        bias = torch.zeros(n_bias, **f32) if self.dt_bias is None else self.dt_bias.reshape(-1).to(**f32).contiguous()
+        return a, bias, 0.0 if self.lower_bound is None else float(self.lower_bound)
+
+
+def gate_kernel_args(gate: GateInput | None, n_heads: int, channels: int, dummy: torch.Tensor) -> dict:
+    """The gate activation's kernel arguments (``channels``: K for a per-channel gate, else 1), ``dummy``
+    pointers and ``GATE_ACT = NONE`` without one."""
+    if gate is None:
+        return dict(A_log=dummy, dt_bias=dummy, lower_bound=0.0, GATE_ACT=GateAct.NONE)
+    a, bias, lower_bound = gate.kernel_args(n_heads, n_heads * channels, dummy.device)
+    return dict(A_log=a, dt_bias=bias, lower_bound=lower_bound, GATE_ACT=gate.act)
 
 
 # (DECAY, ERASE, WRITE) flags of each variant.
@@ -197,6 +244,54 @@ def first_chunk(chunk_offsets, i_n, NT, IS_VARLEN: tl.constexpr):
     else:
         c0 = i_n.to(tl.int64) * NT
     return c0
+
+
+@triton.jit
+def _softplus(z):
+    """log(1 + exp(z)) without overflow for large z."""
+    return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+
+
+@triton.jit
+def gate_decay(x, a_log, bias, lower_bound, ACT: tl.constexpr):
+    """The log decay of the raw gate input ``x`` (fp32; ``a_log`` and ``bias`` broadcast to it)."""
+    if ACT == ACT_SOFTPLUS:
+        return -tl.exp(a_log) * _softplus(x + bias)
+    elif ACT == ACT_BOUNDED:
+        return lower_bound * tl.sigmoid(tl.exp(a_log) * (x + bias))
+    else:
+        return x
+
+
+@triton.jit
+def gate_decay_grads(x, a_log, bias, lower_bound, ACT: tl.constexpr):
+    """``(d decay / d x, d decay / d a_log)`` of ``gate_decay`` (``dt_bias``'s is ``x``'s); ACT is not NONE."""
+    z = x + bias
+    e = tl.exp(a_log)
+    if ACT == ACT_SOFTPLUS:
+        return -e * tl.sigmoid(z), -e * _softplus(z)
+    else:
+        s = tl.sigmoid(e * z)
+        d_x = lower_bound * s * (1.0 - s) * e
+        return d_x, d_x * z
+
+
+@triton.jit
+def gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask):
+    """``(A_log[i_hv], dt_bias[bias_offs])`` in fp32 (bias 0 outside ``bias_mask``)."""
+    a = tl.load(A_log + i_hv).to(tl.float32)
+    return a, tl.load(dt_bias + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def activated_gate(x, A_log, dt_bias, lower_bound, i_hv, bias_offs, bias_mask, valid, ACT: tl.constexpr):
+    """The log decay of a loaded gate tile ``x`` (fp32): ``x`` itself without an activation, else
+    ``gate_decay`` with ``A_log[i_hv]`` and ``dt_bias[bias_offs]``, 0 outside ``valid`` (padding rows stay
+    without decay, as a zero ``g`` is)."""
+    if ACT == ACT_NONE:
+        return x
+    a, bias = gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask)
+    return tl.where(valid, gate_decay(x, a, bias, lower_bound, ACT), 0.0)
 
 
 @triton.jit

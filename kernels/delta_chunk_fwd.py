@@ -16,7 +16,8 @@ Chunked form (chunk of ``BT`` tokens, ``G`` the in-chunk inclusive cumulative su
 
 Two launches:
 
-1. ``_delta_chunk_prep_fwd_kernel``, one program per (chunk, value head): cumulative decay,
+1. ``_delta_chunk_prep_fwd_kernel``, one program per (chunk, value head): the gate activation of a raw
+   gate input (``GATE_ACT``, fla's ``use_gate_in_kernel``), cumulative decay,
    ``L`` and ``Aqk`` (with channel-wise decay: exponents relative to a row inside the same
    16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
 2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
@@ -48,6 +49,7 @@ from lamina.kernels.delta_chunk_common import (
     STATE_BLOCK_K,
     SUB_BLOCK_C,
     DecayKind,
+    GateInput,
     GateKind,
     _col_ptrs,
     _load_state,
@@ -56,11 +58,13 @@ from lamina.kernels.delta_chunk_common import (
     _state_ptrs,
     _store_state,
     _vec_ptrs,
+    activated_gate,
     chunk_bounds,
     chunk_indices,
     chunk_rows,
     decay_kind,
     first_chunk,
+    gate_kernel_args,
     gate_kind,
     has_warpgroup_mma,
     key_blocks,
@@ -250,10 +254,11 @@ def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
     gcum, wy, u, aqk,
     cu_seqlens, chunk_indices,
+    A_log, dt_bias, lower_bound,
     scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, GATE_ACT: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
@@ -274,13 +279,16 @@ def _delta_chunk_prep_fwd_kernel(
     # -- cumulative log decay inside the chunk ------------------------------------------------
     b_gs = 0.0  # a per-channel decay is loaded with its key block
     if DECAY == DECAY_SCALAR:
-        b_gs = tl.cumsum(tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32), axis=0)
+        b_g = tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+        b_gs = tl.cumsum(activated_gate(b_g, A_log, dt_bias, lower_bound, i_hv, i_hv, True, m_t, GATE_ACT), axis=0)
         tl.store(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), b_gs, mask=m_t)
     if DECAY == DECAY_CHANNEL:
         for kb in tl.static_range(NK):
             o_k = kb * BK + tl.arange(0, BK)
             m = m_t[:, None] & (o_k < K)[None, :]
             b_g = tl.load(_row_ptrs(g, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
+            b_g = activated_gate(b_g, A_log, dt_bias, lower_bound, i_hv, i_hv * K + o_k[None, :],
+                                 (o_k < K)[None, :], m, GATE_ACT)
             tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), tl.cumsum(b_g, axis=0), mask=m)
         # the diagonal sub-blocks below read other rows of gcum written by other threads
         tl.debug_barrier()
@@ -570,7 +578,8 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 # alternative gets its own tuning; tensor dtypes are added by the autotuner): never T or the number of
 # sequences, so a new varlen batch does not retune.
 _prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
-                     key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "IS_VARLEN", "SOLVE_BLOCK"])(
+                     key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
+                          "SOLVE_BLOCK"])(
     _delta_chunk_prep_fwd_kernel)
 def _restore_state_hooks() -> tuple:
     """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
@@ -625,12 +634,14 @@ def delta_chunk_fwd(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     save_states: bool = True,
     output_v_new: bool = False,
+    gate: GateInput | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Chunked forward of the delta-rule family on already transformed inputs.
 
-    Inputs (l2norm, gate activation and beta sigmoid already applied by the caller):
+    Inputs (l2norm and beta sigmoid already applied by the caller):
     ``q, k: [B, T, H, K]``; ``v: [B, T, HV, V]`` with ``HV % H == 0``;
-    ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]``, per-token log decay (not cumulated);
+    ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]``, per-token log decay (not cumulated), or with
+    ``gate`` the raw gate input the prep kernel activates (``GateInput``: fla's ``use_gate_in_kernel``);
     ``b: [B, T, HV] | [B, T, HV, K]`` erase gate; ``w: [B, T, HV] | [B, T, HV, V]`` write gate
     (DeltaNet, GDN and KDA pass their beta as both); ``initial_state: [N, HV, K, V]`` float32;
     ``cu_seqlens: [N + 1]`` int32/int64 with ``B == 1`` (validated by the caller).
@@ -662,7 +673,8 @@ def delta_chunk_fwd(
         warpgroup_mma = has_warpgroup_mma(q.device)
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=warpgroup_mma)
         _prep_fwd[(index.total * HV,)](
-            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale, T, index.per_sequence,
+            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale=scale, T=T, NT=index.per_sequence,
+            **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, flags["WRITE"], fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             BK=BKP, NK=NKP, **common)

@@ -7,9 +7,10 @@ Two grids of (K = V, activation dtype):
 
 * ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
-  ``delta_tuning`` at K = 128, as non-default rows on ``ALTERNATIVE_ARCHS``.
+  ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``) at K = 128, as
+  non-default rows on ``ALTERNATIVE_ARCHS``.
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
-  {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: 830 rows, too many
+  {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
 """
 
@@ -30,6 +31,7 @@ from lamina.kernels.delta_chunk_common import (
     DOT_PRECISION,
     VARIANT_FLAGS,
     DecayKind,
+    GateAct,
     GateKind,
     aligned_attrs,
 )
@@ -51,6 +53,9 @@ from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTu
 # time: its per-channel preparation compiles for 14-23 s per arch and configuration (Triton 3.9).
 DEFAULT_GRID = {"fwd": ((128, "bf16"), (256, "bf16")), "bwd": ((128, "bf16"), (512, "bf16"))}
 FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", "fp16", "fp32"))
+# The label of the rows with the gate activation fused in (fla's use_gate_in_kernel, softplus form), non-default
+# rows on ALTERNATIVE_ARCHS next to the alternatives: the kernels that load the gate, with their default blocks.
+GATE_ROW = "use_gate_in_kernel"
 # The key dim of the default grid's alternative rows (the common head size).
 ALTERNATIVE_K = 128
 # The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
@@ -99,10 +104,11 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                 "DOT_PRECISION": DOT_PRECISION, "cu_seqlens": None, "DECAY": decay}
         label = f"{variant} {dtype} K={K} V={V}"
 
-        prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK,
+        prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK, "GATE_ACT": GateAct.NONE,
                   "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}), **no_gate}
         prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
                                    "u": io, "aqk": io, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
+                                   "A_log": "*fp32", "dt_bias": "*fp32", "lower_bound": "fp32",
                                    "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr",
                                    "BV": "constexpr"},
                                   prep_c)
@@ -121,10 +127,13 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
         BKP, NKP = prep_key_blocks(K, decay, fp32, alt_mma)
         BVP = prep_value_block(V, write, fp32, alt_mma)
-        for tuning in (t for t in ALTERNATIVES if alternatives and t.solve_block != SOLVE_BLOCK):
-            register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {tuning.label()}", _delta_chunk_prep_fwd_kernel,
-                                 prep_sig,
-                                 {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, "SOLVE_BLOCK": tuning.solve_block},
+        alt_rows = [(tuning.label(), {"SOLVE_BLOCK": tuning.solve_block})
+                    for tuning in ALTERNATIVES if alternatives and tuning.solve_block != SOLVE_BLOCK]
+        if alternatives and decay != DecayKind.NONE:  # the gate activation fused in (use_gate_in_kernel)
+            alt_rows.append((GATE_ROW, {"GATE_ACT": GateAct.SOFTPLUS}))
+        for suffix, choice in alt_rows:
+            register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {suffix}", _delta_chunk_prep_fwd_kernel,
+                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, **choice},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
 
@@ -176,7 +185,8 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
         "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
         "A_out": f32, "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
-        "dR_buf": f32, "dg": f32, "db": act if erase == GateKind.CHANNEL else f32,
+        "dR_buf": f32, "dg": f32, "dg_a": f32, "A_log": f32, "dt_bias": f32, "lower_bound": "fp32",
+        "db": act if erase == GateKind.CHANNEL else f32,
         "dw": act if write == GateKind.CHANNEL else f32,
         "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
     }
@@ -210,6 +220,10 @@ def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
             for tuning in (t for t in ALTERNATIVES if alternatives and not t.changes_forward):
                 rows.append((_alternative_blocks(fn, K, V, decay, tuning, per_arch, fp32), f" {tuning.label()}", False,
                              True))
+            if alternatives and decay != DecayKind.NONE:
+                gated = {(*blocks, ("GATE_ACT", GateAct.SOFTPLUS)): [a for a in archs if a in ALTERNATIVE_ARCHS]
+                         for blocks, archs in per_arch.items()}
+                rows.append(({blocks: archs for blocks, archs in gated.items() if archs}, f" {GATE_ROW}", False, True))
             for blocks_archs, suffix, default, always_archs in rows:
                 _register_bwd_blocks(fn, variant, K, V, dtype, decay, erase, write, blocks_archs, suffix, default,
                                      always_archs)
@@ -232,9 +246,9 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
     jit = raw_jit(fn)
     signature = _bwd_signature(fn, dtype, decay, erase, write)
     for blocks, archs in per_arch.items():
-        constexprs = dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
-                          IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, **dict(blocks),
-                          **{name: None for name in _DENSE_NONE if name in jit.arg_names})
+        constexprs = {**dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
+                             IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, GATE_ACT=GateAct.NONE),
+                      **dict(blocks), **{name: None for name in _DENSE_NONE if name in jit.arg_names}}
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
         label += " by_column" if dict(blocks).get("BY_COLUMN") else ""
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so

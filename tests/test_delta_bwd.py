@@ -272,7 +272,9 @@ def test_bwd_report_matches_launch():
     import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.kernels.delta_report  # noqa: F401 - registers the family's rows
     from lamina.kernels._utils import registered_aot
-    from lamina.kernels.delta_tuning import ALTERNATIVES
+    from lamina.kernels.delta_chunk_common import GateAct
+    from lamina.kernels.delta_report import GATE_ROW
+    from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES
 
     specs = [s for s in registered_aot() if s.name.startswith("_delta_chunk_bwd_")]
     assert {s.name for s in specs} == {"_delta_chunk_bwd_prep_kernel", "_delta_chunk_bwd_dh_kernel",
@@ -285,7 +287,11 @@ def test_bwd_report_matches_launch():
         assert spec.meta.get("attrs"), f"{spec.config}: compiled without the JIT's pointer alignment"
         c = spec.constexprs
         tuning = None
-        if not spec.default:
+        gated = spec.config.endswith(" " + GATE_ROW)  # the gate activation fused in, default blocks
+        assert c["GATE_ACT"] == (GateAct.SOFTPLUS if gated else GateAct.NONE), spec.config
+        if gated:
+            assert not spec.default and set(spec.meta["archs"]) <= set(ALTERNATIVE_ARCHS), spec.config
+        elif not spec.default:
             named = [t for t in ALTERNATIVES if spec.config.endswith(" " + t.label())]
             assert len(named) == 1, f"{spec.config}: a non-default row names one alternative"
             tuning = named[0]
@@ -302,3 +308,5 @@ def test_bwd_report_matches_launch():
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
     assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"
+    gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.config.endswith(GATE_ROW)}
+    assert len(gated) == 3 * 3, "every kernel of the three decayed variants has a fused-gate row"

@@ -318,7 +318,8 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     static report with the blocks it launched with (rows registered here for K = V = 64, as the full grid does)."""
     import lamina.kernels._utils as utils
     import lamina.kernels.delta_chunk_fwd as fwd
-    from lamina.kernels.delta_report import TARGETS, _register_fwd
+    from lamina.kernels.delta_chunk_common import GateAct, GateInput
+    from lamina.kernels.delta_report import GATE_ROW, TARGETS, _register_fwd
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, delta_tuning
 
     K, name = 64, {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
@@ -357,6 +358,21 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                     assert got == want, f"{row.name} {row.config} sm_{arch} under {tuning.label()}"
                     checked += 1
     assert checked == expected, (checked, expected)
+    # the gate activation fused in (use_gate_in_kernel): the preparation's row of that name, on the targets the
+    # alternatives are registered for
+    gate_spy = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BV", "GATE_ACT")
+    for arch in ALTERNATIVE_ARCHS:
+        monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=TARGETS[arch]: wg)
+        for variant in ("gdn", "kda", "gdn2"):
+            inputs = make_inputs(variant, 1, 20, 2, 2, K, K, dtype, h0=True)
+            n_bias = 2 * K if inputs[3].dim() == 4 else 2
+            gate_spy.clear()
+            fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7],
+                                gate=GateInput(torch.zeros(2), torch.zeros(n_bias), None))
+            (row,) = [r for r in rows if r.name == "delta_chunk_prep_fwd"
+                      and r.config == f"{variant} {name} K={K} V={K} {GATE_ROW}"]
+            assert gate_spy == [tuple(row.constexprs[n] for n in ("BK", "NK", "BV", "GATE_ACT"))], (variant, arch)
+            assert row.constexprs["GATE_ACT"] == GateAct.SOFTPLUS and row.meta["archs"] == list(ALTERNATIVE_ARCHS)
 
 
 @pytest.mark.slow

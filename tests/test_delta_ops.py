@@ -167,6 +167,66 @@ def test_gate_parameters_get_gradients_through_triton():
     assert_close("ddt_bias", dt_bias.grad, dt64.grad)
 
 
+# (op, per-channel gate, A_log, dt_bias, lower_bound) of each form of fla's use_gate_in_kernel
+FUSED_GATES = [
+    ("gdn", False, True, True, None),
+    ("gdn", False, True, False, None),
+    ("kda", True, True, True, None),
+    ("kda", True, True, True, -4.0),
+    ("kda", True, False, True, -3.0),
+    ("kda", True, False, False, -2.0),
+    ("gdn2", True, True, True, None),
+    ("kda_recurrent", True, True, True, None),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant, channel, with_a, with_bias, lower_bound", FUSED_GATES,
+                         ids=lambda x: str(x))
+def test_gate_activation_fused_into_the_kernels(monkeypatch, variant, channel, with_a, with_bias, lower_bound):
+    """use_gate_in_kernel with autograd on the Triton path: the chunked kernels activate the raw gate themselves
+    (the PyTorch gate_activation never runs; the token-by-token forward takes the activated gate, and its
+    backward, the chunked one, the raw gate) and give the float64 torch path's output, state and the gradients
+    of every input, the raw gate, A_log and dt_bias included (two chunks of 16 and a partial third, GVA)."""
+    import lamina.ops.delta_rule as ops
+    import lamina.ops.delta_rule_core as core
+
+    t = 40
+    q, k, v = rand(B, t, H, K, seed=60), rand(B, t, H, K, seed=61), rand(B, t, HV, V, seed=62)
+    g = rand(B, t, HV, *((K,) if channel else ()), seed=63) * 2
+    b, w = torch.rand(B, t, HV, K), torch.rand(B, t, HV, V)
+    A_log = rand(HV, seed=64) if with_a else None
+    dt_bias = rand(HV * K if channel else HV, seed=65) if with_bias else None
+    h0, do, ds = rand(B, HV, K, V, seed=66), rand(B, t, HV, V, seed=67), rand(B, HV, K, V, seed=68)
+    calls = {"gdn": lambda *x, **kw: lamina.chunk_gated_delta_rule(*x[:4], x[4][..., 0], **kw),
+             "kda": lambda *x, **kw: lamina.chunk_kda(*x[:4], x[4][..., 0], **kw),
+             "gdn2": lambda *x, **kw: lamina.chunk_gdn2(*x, **kw),
+             "kda_recurrent": lambda *x, chunk_size, **kw: lamina.fused_recurrent_kda(*x[:4], x[4][..., 0], **kw)}
+    results = []
+    for dtype, backend in ((torch.float32, "triton"), (torch.float64, "torch")):
+        leaves = [None if x is None else x.detach().to(dtype).requires_grad_()
+                  for x in (q, k, v, g, b, w, h0, A_log, dt_bias)]
+        inputs = leaves[:6] if variant == "gdn2" else leaves[:5]
+        extra = {} if lower_bound is None else dict(lower_bound=lower_bound)
+        with monkeypatch.context() as m:
+            if backend == "triton":
+                for module in (ops,) if variant.endswith("recurrent") else (ops, core):
+                    m.setattr(module, "gate_activation", lambda *a, **kw: pytest.fail("gate_activation ran"))
+            o, s = calls[variant](*inputs, initial_state=leaves[6], output_final_state=True, use_gate_in_kernel=True,
+                                  A_log=leaves[7], dt_bias=leaves[8], chunk_size=16, backend=backend, **extra)
+            ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
+        results.append((o, s, leaves))
+    (o, s, got), (o64, s64, want) = results
+    assert_close("o", o, o64)
+    assert_close("final_state", s, s64)
+    names = ["q", "k", "v", "g", "b", "w", "initial_state", "A_log", "dt_bias"]
+    for name, a, e in zip(names, got, want):
+        if e is None or e.grad is None:
+            assert a is None or a.grad is None, name
+            continue
+        assert_close(f"d{name}", a.grad, e.grad)
+
+
 def test_torch_path_gradcheck_float64():
     """The CPU path (gate, beta and l2norm transforms + chunked reference) in float64, GVA with HV = 2H."""
     gen = torch.Generator().manual_seed(40)
@@ -245,8 +305,10 @@ def test_torch_compile_fullgraph_matches_eager(backend):
 @pytest.mark.interpret
 def test_custom_op_registration_opcheck():
     q, k, v, g, b, w, h0 = family_inputs()
-    for output_v_new in (False, True):
-        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new)
+    no_gate = (False, None, None, None)
+    gate = (True, torch.randn(g.shape[2]), torch.randn(g.shape[2] * g.shape[3]), None)  # the raw gate, fused in
+    for output_v_new, gate_args in ((False, no_gate), (True, no_gate), (False, gate)):
+        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new, *gate_args)
         torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
                               test_utils=("test_schema", "test_faketensor"))
 

@@ -29,11 +29,14 @@ fla compatibility (an fla 0.6 call runs unchanged after changing the import):
 * lamina is wider where it can be: float32 inputs, any chunk size of 16/32/64, gradients of the
   ``fused_recurrent_*`` ops.
 
-Input transforms: the in-kernel options of fla (``use_qk_l2norm_in_kernel``,
-``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``
-with ``allow_neg_eigval``) are applied here with PyTorch ops, in float32, before the kernels, on
-every backend; autograd differentiates them, so ``A_log`` and ``dt_bias`` get gradients.
-The results are fla's to float32 rounding (fla fuses the same formulas into its kernels).
+Input transforms: ``use_gate_in_kernel`` (with ``A_log``/``dt_bias``/``lower_bound``) is fused into the
+chunked Triton kernels: they read the raw gate and apply the activation where they load it, forward and
+backward, and the backward returns the gradients of the raw gate, ``A_log`` and ``dt_bias`` (with ``gk``
+or ``cp_context``, and on the torch path, it is applied with PyTorch ops in float32 first, as below).
+The other in-kernel options of fla (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` with
+``allow_neg_eigval``) are applied here with PyTorch ops, in float32, before the kernels, on every
+backend; autograd differentiates them. The results are fla's to float32 rounding (fla fuses the same
+formulas into its kernels).
 
 Gradients: the chunked ops differentiate through ``kernels.delta_chunk_bwd`` (Triton) or, with
 ``backend="torch"``, autograd through the vectorised chunked PyTorch path ``lamina.ops.delta_rule_cpu``
@@ -187,11 +190,15 @@ def _run(
                        use_qk_l2norm_in_kernel, cu_seqlens, backend, use_gate_in_kernel, A_log, dt_bias,
                        use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, N,
                        decode or _decode_keywords())
+    gate = None
     if use_gate_in_kernel:
         if g is None:
             raise ValueError(f"{op}: g (the raw gate input) is required with use_gate_in_kernel=True")
         check_gate_params(HV, None if g_kind == _SCALAR else K, A_log, dt_bias, need_A_log=lower_bound is None)
-        g = gate_activation(g, A_log, dt_bias, lower_bound)
+        if gk is None and cp_context is None:  # activated inside the kernels (or by the torch path)
+            gate = (A_log, dt_bias, lower_bound)
+        else:
+            g = gate_activation(g, A_log, dt_bias, lower_bound)
     if gk is not None:  # fla applies exp(g) then exp(gk): one per-channel log decay g + gk
         if g is not None:
             acc = torch.promote_types(torch.promote_types(g.dtype, gk.dtype), torch.float32)
@@ -215,7 +222,7 @@ def _run(
                                                    output_v_new)
     else:
         o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                       chunk_size, recurrent, backend, output_v_new=output_v_new)
+                                       chunk_size, recurrent, backend, output_v_new=output_v_new, gate=gate)
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return (o, ht, v_new) if output_v_new else (o, ht)

@@ -215,31 +215,43 @@ def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
     "lamina::delta_rule_fwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
            "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states, "
-           "bool output_v_new) -> (Tensor, Tensor, Tensor, Tensor)")
+           "bool output_v_new, bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
 def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-            save_states, output_v_new):
+            save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound):
     """(o, final_state or [0], h or [0], v_new or [0]): empty 1-d tensors stand for None (ops return tensors).
 
     ``v_new`` (the writes, for cross-layer error routing) comes from the chunked state pass; the token-by-token
     kernel does not form it, so a call that asks for it runs the chunked forward (the same map).
+    ``gate_in_kernel``: ``g`` is the raw gate input, activated with ``A_log``, ``dt_bias`` and ``lower_bound``
+    inside the chunked kernels (before the token-by-token kernel, which takes the log decay).
     """
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
     from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
 
     h = v_new = None
     if recurrent and not output_v_new:
+        if gate_in_kernel:
+            g = gate_activation(g, A_log, dt_bias, lower_bound)
         o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)
     else:
         o, ht, h, v_new = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                          chunk_size=chunk_size, save_states=save_states, output_v_new=output_v_new)
+                                          chunk_size=chunk_size, save_states=save_states, output_v_new=output_v_new,
+                                          gate=_gate_input(gate_in_kernel, A_log, dt_bias, lower_bound))
     empty = q.new_zeros(0, dtype=torch.float32)
     return (o, (empty if ht is None else ht), (empty.clone() if h is None else h),
             (empty.clone() if v_new is None else v_new))
 
 
+def _gate_input(gate_in_kernel: bool, A_log, dt_bias, lower_bound):
+    from lamina.kernels.delta_chunk_common import GateInput
+
+    return GateInput(A_log, dt_bias, lower_bound) if gate_in_kernel else None
+
+
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-              save_states, output_v_new):
+              save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = _n_sequences(q, cu_seqlens)
@@ -257,48 +269,62 @@ def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seq
 @torch.library.custom_op(
     "lamina::delta_rule_bwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
-           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new) "
-           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new):
-    """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0]); ``dv_new``: gradient of the returned writes."""
+           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new, "
+           "bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound) "
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new, gate_in_kernel,
+            A_log, dt_bias, lower_bound):
+    """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0], dA_log or [0], ddt_bias or [0]); ``dv_new``:
+    gradient of the returned writes; with ``gate_in_kernel`` ``dg`` is the raw gate input's gradient."""
     from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
 
-    if _none_if_empty(h) is None:  # token-by-token forward: recompute the chunk-start states
+    gate = _gate_input(gate_in_kernel, A_log, dt_bias, lower_bound)
+    if _none_if_empty(h) is None:  # token-by-token forward or recompute_states: recompute the chunk-start states
         _, _, h, _ = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
-                                     chunk_size=chunk_size, save_states=True)
-    dq, dk, dv, dg, db, dw, dh0 = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, do.contiguous(),
-                                                  dht, cu_seqlens, chunk_size, dv_new=dv_new)
+                                     chunk_size=chunk_size, save_states=True, gate=gate)
+    dq, dk, dv, dg, db, dw, dh0, *dgate = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, do.contiguous(),
+                                                          dht, cu_seqlens, chunk_size, dv_new=dv_new, gate=gate)
     empty = q.new_zeros(0, dtype=torch.float32)
+    dA_log, ddt_bias = dgate or (None, None)
     return (dq, dk, dv, empty if dg is None else dg, db, dw,
-            empty.clone() if (dh0 is None or initial_state is None) else dh0)
+            empty.clone() if (dh0 is None or initial_state is None) else dh0,
+            empty.clone() if dA_log is None else dA_log, empty.clone() if ddt_bias is None else ddt_bias)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new):
+def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new, gate_in_kernel,
+              A_log, dt_bias, lower_bound):
     empty = q.new_empty(0, dtype=torch.float32)
+    like = lambda x, used: torch.empty_like(x) if used and x is not None else empty.clone()  # noqa: E731
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             empty if g is None else torch.empty_like(g), torch.empty_like(b), torch.empty_like(w),
-            empty.clone() if initial_state is None else torch.empty_like(initial_state))
+            like(initial_state, True), like(A_log, gate_in_kernel), like(dt_bias, gate_in_kernel))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _, output_v_new = inputs
-    ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2])
+    (q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _, output_v_new, gate_in_kernel, A_log,
+     dt_bias, lower_bound) = inputs
+    ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2], A_log, dt_bias)
     ctx.scale, ctx.chunk_size, ctx.output_v_new = scale, chunk_size, output_v_new
+    ctx.gate_in_kernel, ctx.lower_bound = gate_in_kernel, lower_bound
 
 
 def _backward(ctx, do, dht, _dh, dv_new):
     # one gradient per input of lamina::delta_rule_fwd: q, k, v, g, b, w, scale, initial_state,
-    # output_final_state, cu_seqlens, chunk_size, recurrent, save_states, output_v_new
-    q, k, v, g, b, w, initial_state, cu_seqlens, h = ctx.saved_tensors
+    # output_final_state, cu_seqlens, chunk_size, recurrent, save_states, output_v_new, gate_in_kernel, A_log,
+    # dt_bias, lower_bound
+    q, k, v, g, b, w, initial_state, cu_seqlens, h, A_log, dt_bias = ctx.saved_tensors
     dht = _none_if_empty(dht) if dht is not None else None
     dv_new = dv_new if ctx.output_v_new else None
     do = torch.zeros_like(v) if do is None else do
-    dq, dk, dv, dg, db, dw, dh0 = _bwd_op(q, k, v, g, b, w, ctx.scale, initial_state, h, do, dht, cu_seqlens,
-                                          ctx.chunk_size, dv_new)
+    dq, dk, dv, dg, db, dw, dh0, dA_log, ddt_bias = _bwd_op(
+        q, k, v, g, b, w, ctx.scale, initial_state, h, do, dht, cu_seqlens, ctx.chunk_size, dv_new,
+        ctx.gate_in_kernel, A_log, dt_bias, ctx.lower_bound)
     return (dq, dk, dv, _none_if_empty(dg) if g is not None else None, db, dw, None,
-            dh0 if initial_state is not None else None, None, None, None, None, None, None)
+            dh0 if initial_state is not None else None, None, None, None, None, None, None, None,
+            _none_if_empty(dA_log) if A_log is not None else None,
+            _none_if_empty(ddt_bias) if dt_bias is not None else None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -322,13 +348,20 @@ def delta_rule_core(
     recurrent: bool,
     backend: str,
     output_v_new: bool = False,
+    gate: tuple[torch.Tensor | None, torch.Tensor | None, float | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``.
+
+    ``gate``: ``(A_log, dt_bias, lower_bound)`` of fla's ``use_gate_in_kernel`` (validated by the caller):
+    ``g`` is then the raw gate input, activated inside the Triton kernels, forward and backward, or by
+    ``gate_activation`` on the torch path.
 
     Returns ``(o, final_state or None, v_new or None)``; ``v_new`` (with ``output_v_new``) is the writes
     ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)`` ``[B, T, HV, V]`` in v.dtype, differentiable.
     """
     path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
+    if path == "torch" and gate is not None:
+        g = gate_activation(g, *gate)
     if path == "torch":
         from lamina.ops.delta_rule_cpu import delta_rule_family_chunk_torch, delta_rule_family_recurrent_torch
 
@@ -343,7 +376,7 @@ def delta_rule_core(
         raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
                          "use backend='torch' for float64")
     needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state))
+        x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
     if initial_state is not None:
         initial_state = initial_state.float()
     from lamina.kernels.delta_tuning import active_tuning
@@ -351,8 +384,10 @@ def delta_rule_core(
     # the chunk states for the backward: saved by a chunked training forward unless the tuning asks the backward
     # to recompute them (as it does after the token-by-token forward)
     save_states = needs_grad and (output_v_new or not recurrent) and not active_tuning().recompute_states
+    A_log, dt_bias, lower_bound = gate or (None, None, None)
     o, ht, _, v_new = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
-                              chunk_size, recurrent, save_states, output_v_new)
+                              chunk_size, recurrent, save_states, output_v_new, gate is not None, A_log, dt_bias,
+                              None if lower_bound is None else float(lower_bound))
     return o, (ht if output_final_state else None), (v_new if output_v_new else None)
 
 
