@@ -248,8 +248,13 @@ def first_chunk(chunk_offsets, i_n, NT, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def _softplus(z):
-    """log(1 + exp(z)) without overflow for large z."""
-    return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+    """log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)), without overflow for large z and to fp32's relative
+    accuracy for very negative z: log1p(u) is log(w) * u / (w - 1) with w = 1 + u (u where w rounds to 1),
+    where a plain log(1 + u) would keep only u's bits above 1's rounding."""
+    u = tl.exp(-tl.abs(z))
+    w = 1.0 + u
+    log1p = tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+    return tl.maximum(z, 0.0) + log1p
 
 
 @triton.jit

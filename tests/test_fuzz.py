@@ -52,7 +52,7 @@ class FloorChunkPrep:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            cu_seqlens, indices, T = args[10], args[11], args[13]
+            cu_seqlens, indices, T = args[10], args[11], kwargs["T"]
             seq, within = indices[:, 0].long(), indices[:, 1].long()
             lens = torch.full_like(seq, T) if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).long()[seq]
             full = indices[(within + 1) * kwargs["BT"] <= lens].contiguous()
