@@ -154,15 +154,16 @@ def _delta_chunk_bwd_prep_kernel(
             Pm += P1
             Mm += M1
         else:
-            k_T = tl.trans(k_t.to(DT))
-            Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
-            Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
+            # dense decays form P^T = K Q^T itself (see P_c below)
+            k_c = k_t.to(DT)
+            Pm += tl.dot(k_c, tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
+            Mm += tl.dot(e_t.to(DT), tl.trans(k_c), input_precision=DOT_PRECISION)
+    upper = o_t[:, None] <= o_t[None, :]
     if DECAY == DECAY_SCALAR:
         G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
-        gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
-        Pm = Pm * gate
-        Mm = Mm * gate
-    Pm = tl.where(lower, Pm * scale, 0.0)
+        Pm = Pm * tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
+        Mm = Mm * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+    Pm = tl.where(lower if DECAY == DECAY_CHANNEL else upper, Pm * scale, 0.0)
     Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
     Am = unit_lower_inverse(Mm, o_t, L, BT)
 
@@ -172,7 +173,12 @@ def _delta_chunk_bwd_prep_kernel(
     # formed here, in parallel over chunks, rather than in the sequential scan:
     #   U = A (Z - Eb S0),  dU0 = P^T dO (+ dV_new; the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
     A_c = Am.to(DT)
-    P_c = tl.trans(Pm.to(DT))
+    # P^T: with a dense decay formed as a product of its own above, not with tl.trans of the product P.
+    # On an H200 (Triton 3.6) a warpgroup product reading tl.trans of a product's result (an #mma tile
+    # turned #linear, then stored to shared memory) read past the kernel's shared memory (the bug of the
+    # forward's solve, kernels/delta_chunk_fwd.py). The per-channel P is formed on CUDA cores
+    # (gated_gram): its transpose is not a product's result.
+    P_c = tl.trans(Pm.to(DT)) if DECAY == DECAY_CHANNEL else Pm.to(DT)
     o_bv = tl.arange(0, BV)
     chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
     for v0 in range(0, V, BV):

@@ -329,15 +329,19 @@ def _delta_chunk_prep_fwd_kernel(
     NS: tl.constexpr = BT // SOLVE_BLOCK
     same = (o_t // SOLVE_BLOCK)[:, None] == (o_t // SOLVE_BLOCK)[None, :]
     b_Lbd = tl.where(same, b_L, 0.0)
-    # D^-1 by forward substitution inside every diagonal block at once, kept transposed
-    # (b_DiT[c, m] = D^-1[m, c]) so that no step needs a layout change.
-    b_DiT = eye
+    # D^-1 by forward substitution inside every diagonal block at once: step j forms row j of every
+    # block, D^-1[j] = e_j - sum_{c < j} L[j, c] D^-1[c]. coef[c] = L[row j of c's block, c] comes out
+    # of a column sum and is used down the rows, a layout change of one [BT] vector per step. Not
+    # built transposed and turned with tl.trans: on an H200 (Triton 3.6) the warpgroup products that
+    # read tl.trans of a computed tile (an #mma tensor turned #linear, then stored to shared memory)
+    # read past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads, then
+    # an illegal memory access at K = 128), the bug fla guards against for its own kernels (fla #640).
+    b_Di = eye
     for j in range(1, SOLVE_BLOCK):
         row_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + j
         coef = tl.sum(tl.where(o_t[:, None] == row_of[None, :], b_Lbd, 0.0), 0)
-        vals = -tl.sum(coef[None, :] * b_DiT, 1)
-        b_DiT = tl.where(o_t[None, :] == row_of[:, None], vals[:, None] + eye, b_DiT)
-    b_Di = tl.trans(b_DiT)
+        vals = -tl.sum(coef[:, None] * b_Di, 0)
+        b_Di = tl.where(o_t[:, None] == row_of[None, :], vals[None, :] + eye, b_Di)
     if NS == 1:
         b_A = b_Di
     else:
