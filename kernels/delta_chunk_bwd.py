@@ -125,7 +125,7 @@ def _delta_chunk_bwd_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE_ACT: tl.constexpr,
+    ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE_ACT: tl.constexpr, P_PRODUCT: tl.constexpr,
 ):
     i_ch = tl.program_id(0)
     i_c = i_ch // HV
@@ -154,16 +154,23 @@ def _delta_chunk_bwd_prep_kernel(
             Pm += P1
             Mm += M1
         else:
-            # dense decays form P^T = K Q^T itself (see P_c below)
             k_c = k_t.to(DT)
-            Pm += tl.dot(k_c, tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
-            Mm += tl.dot(e_t.to(DT), tl.trans(k_c), input_precision=DOT_PRECISION)
+            k_T = tl.trans(k_c)
+            if P_PRODUCT:  # P^T = K Q^T (see P_c below)
+                Pm += tl.dot(k_c, tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
+            else:
+                Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
+            Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
     upper = o_t[:, None] <= o_t[None, :]
     if DECAY == DECAY_SCALAR:
         G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
-        Pm = Pm * tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
-        Mm = Mm * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
-    Pm = tl.where(lower if DECAY == DECAY_CHANNEL else upper, Pm * scale, 0.0)
+        gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
+        if P_PRODUCT:
+            Pm = Pm * tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
+        else:
+            Pm = Pm * gate
+        Mm = Mm * gate
+    Pm = tl.where(upper if P_PRODUCT else lower, Pm * scale, 0.0)
     Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
     Am = unit_lower_inverse(Mm, o_t, L, BT)
 
@@ -173,12 +180,11 @@ def _delta_chunk_bwd_prep_kernel(
     # formed here, in parallel over chunks, rather than in the sequential scan:
     #   U = A (Z - Eb S0),  dU0 = P^T dO (+ dV_new; the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
     A_c = Am.to(DT)
-    # P^T: with a dense decay formed as a product of its own above, not with tl.trans of the product P.
-    # On an H200 (Triton 3.6) a warpgroup product reading tl.trans of a product's result (an #mma tile
-    # turned #linear, then stored to shared memory) read past the kernel's shared memory (the bug of the
-    # forward's solve, kernels/delta_chunk_fwd.py). The per-channel P is formed on CUDA cores
-    # (gated_gram): its transpose is not a product's result.
-    P_c = tl.trans(Pm.to(DT)) if DECAY == DECAY_CHANNEL else Pm.to(DT)
+    # P^T: with P_PRODUCT (dense decays on Hopper) formed as a product of its own above, not with tl.trans
+    # of the product P: the Triton 3.4-3.6 Hopper miscompile of the forward's solve (kernels/delta_chunk_fwd.py).
+    # Elsewhere the transpose: on sm_80 the extra product's operand spilled GDN bf16 K = 512 (9 STL, Triton
+    # 3.9), and the per-channel P is formed on CUDA cores (gated_gram), not by a product.
+    P_c = Pm.to(DT) if P_PRODUCT else tl.trans(Pm.to(DT))
     o_bv = tl.arange(0, BV)
     chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
     for v0 in range(0, V, BV):
@@ -460,8 +466,8 @@ def delta_chunk_bwd(
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
         q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, **gate_kw,
-        scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None, **dims, **flags,
-        **launch)
+        scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None,
+        P_PRODUCT=tiles.prep_p_product, **dims, **flags, **launch)
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)

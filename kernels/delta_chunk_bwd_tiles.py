@@ -66,9 +66,10 @@ FP32_DENSE_DQK_BLOCK_K = 16
 # ``dqk_regram``: with a dense decay, the dqk kernel's dk takes dP^T and dM^T ([BT, BT]). A transposed
 # operand of a tf32x3 product is rebuilt in registers (tf32 products read both operands K-major) while dP
 # and dM are still live. So fp32 forms the two as grams of their own (U dO^T and U dR^T, two more [BT, BT]
-# products over V) after dq's and dE's products. 16-bit does too: with tl.trans of dP and dM (a product's
-# result turned #linear, stored to shared memory for a warpgroup product) an H200 under Triton 3.6 read past
-# the kernel's shared memory, as the forward's solve did (kernels/delta_chunk_fwd.py).
+# products over V) after dq's and dE's products. 16-bit does too on Hopper: tl.trans of dP and dM (a product's
+# result, stored to shared memory for the next product) is the Triton 3.4-3.6 Hopper miscompile of fla issue
+# #640 (see the forward's solve, kernels/delta_chunk_fwd.py); elsewhere 16-bit keeps the transposes.
+# ``prep_p_product``: the backward prep kernel's P^T as a product of its own, for the same reason.
 # Static report, fp32, K = 64 to 512, STL before -> after:
 #   sm_90, Triton 3.9: DeltaNet 20 -> 0 (240 registers), Gated DeltaNet 49 -> 24;
 #   sm_90, Triton 3.6: DeltaNet 0 -> 0 (224 -> 246 registers), Gated DeltaNet 9 -> 16;
@@ -106,8 +107,9 @@ class BwdTiles(NamedTuple):
     """Key/value blocks of the three backward kernels for one shape and decay kind, where the reverse
     scan keeps dH (``dh_in_memory``: in a float32 ``[N, HV, K, V]`` buffer, one key block at a time), and
     whether the dqk kernel forms the transposed intra-chunk gradients as grams of their own
-    (``dqk_regram``: with a dense decay) and whether it takes the intra-chunk products key column by key
-    column (``dqk_by_column``: fp32 with a dense decay where the tensor-core form spills)."""
+    (``dqk_regram``: with a dense decay, fp32 or on Hopper) and whether it takes the intra-chunk products key
+    column by key column (``dqk_by_column``: fp32 with a dense decay where the tensor-core form spills), and
+    whether the prep kernel forms P^T as a product of its own (``prep_p_product``: a dense decay on Hopper)."""
 
     prep_bk: int
     prep_bv: int
@@ -117,6 +119,7 @@ class BwdTiles(NamedTuple):
     dqk_bv: int
     dh_in_memory: bool = False
     dqk_regram: bool = False
+    prep_p_product: bool = False
     dqk_by_column: bool = False
 
 
@@ -134,7 +137,8 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         prep_bk=bk_chunk, prep_bv=_pow2_block(V, MMA_SYNC_WIDE_PREP_BLOCK_V if wide_mma_sync else CHUNK_BLOCK),
         scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V), dh_in_memory=K > MAX_REGISTER_SCAN_K,
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
-        dqk_regram=decay != DecayKind.CHANNEL,
+        dqk_regram=decay != DecayKind.CHANNEL and warpgroup_mma,
+        prep_p_product=decay != DecayKind.CHANNEL and warpgroup_mma,
     )
     if fp32:
         channel_mma_sync = not warpgroup_mma and decay == DecayKind.CHANNEL
@@ -143,6 +147,7 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
             prep_bv=_pow2_block(V, MMA_SYNC_FP32_CHANNEL_PREP_BLOCK_V if channel_mma_sync else FP32_PREP_BLOCK_V),
             scan_bk=_pow2_block(K, FP32_SCAN_BLOCK_K), scan_bv=_pow2_block(V, FP32_SCAN_BLOCK_V), dh_in_memory=True,
             dqk_bk=tiles.dqk_bk if decay == DecayKind.CHANNEL else FP32_DENSE_DQK_BLOCK_K,
+            dqk_regram=decay != DecayKind.CHANNEL,
         )
     if tuning is not None:
         chosen = {name: _pow2_block(V, value) for name in ("prep_bv", "scan_bv", "dqk_bv")

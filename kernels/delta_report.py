@@ -196,7 +196,8 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
 def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
     """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``."""
     return {
-        _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False),
+        _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False,
+                                           P_PRODUCT=tiles.prep_p_product),
         _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
         _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram,

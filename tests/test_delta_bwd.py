@@ -238,15 +238,21 @@ def test_bwd_b_and_w_same_tensor():
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
-def test_bwd_warpgroup_tiles(kinds, monkeypatch):
+def test_bwd_warpgroup_tiles(kinds, dtype, monkeypatch):
     # the wider dqk key blocks Hopper runs with (64, or 32 with per-channel decay), not only the
-    # 16-column blocks the interpreter and mma.sync targets use
+    # 16-column blocks the interpreter and mma.sync targets use; with a dense decay also Hopper's P^T and
+    # transposed dqk grams formed as products of their own (prep_p_product, dqk_regram), in 16-bit too
     import lamina.kernels.delta_chunk_bwd as bwd
 
-    assert bwd.bwd_tiles(64, 32, kinds[0], True).dqk_bk > bwd.bwd_tiles(64, 32, kinds[0], False).dqk_bk
+    hopper, other = bwd.bwd_tiles(64, 32, kinds[0], True), bwd.bwd_tiles(64, 32, kinds[0], False)
+    assert hopper.dqk_bk > other.dqk_bk
+    dense = kinds[0] != bwd.DecayKind.CHANNEL
+    assert (hopper.prep_p_product, hopper.dqk_regram, other.prep_p_product, other.dqk_regram) == (dense, dense,
+                                                                                                  False, False)
     monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: True)
-    check_case(*build_case(1, 40, 2, 2, 64, 32, kinds))
+    check_case(*build_case(1, 40, 2, 2, 64, 32, kinds, dtype=dtype))
 
 
 def test_fp32_report_rows_regram_with_a_dense_decay(monkeypatch):
@@ -262,8 +268,14 @@ def test_fp32_report_rows_regram_with_a_dense_decay(monkeypatch):
     rows = [s for s in utils.registered_aot() if s.name == "_delta_chunk_bwd_dqk_kernel"]
     assert len(rows) >= 8
     for spec in rows:
-        want = spec.signature["k"] == "*fp32" and spec.constexprs["DECAY"] != DecayKind.CHANNEL
+        # Hopper (sm_90) regrams in 16-bit too: tl.trans of a product's result is the Triton 3.4-3.6 miscompile
+        hopper_only = spec.meta.get("archs") == [90]
+        want = (spec.signature["k"] == "*fp32" or hopper_only) and spec.constexprs["DECAY"] != DecayKind.CHANNEL
         assert spec.constexprs["REGRAM"] == want, spec.config
+    prep = [s for s in utils.registered_aot() if s.name == "_delta_chunk_bwd_prep_kernel"]
+    for spec in prep:  # P^T as a product of its own: dense decays on Hopper
+        want = spec.meta.get("archs") == [90] and spec.constexprs["DECAY"] != DecayKind.CHANNEL
+        assert spec.constexprs["P_PRODUCT"] == want, spec.config
 
 
 def test_bwd_report_matches_launch():
