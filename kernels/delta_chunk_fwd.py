@@ -331,11 +331,10 @@ def _delta_chunk_prep_fwd_kernel(
     b_Lbd = tl.where(same, b_L, 0.0)
     # D^-1 by forward substitution inside every diagonal block at once: step j forms row j of every
     # block, D^-1[j] = e_j - sum_{c < j} L[j, c] D^-1[c]. coef[c] = L[row j of c's block, c] comes out
-    # of a column sum and is used down the rows, a layout change of one [BT] vector per step. Not
-    # built transposed and turned with tl.trans: on an H200 (Triton 3.6) the warpgroup products that
-    # read tl.trans of a computed tile (an #mma tensor turned #linear, then stored to shared memory)
-    # read past the kernel's shared memory (compute-sanitizer: out-of-bounds __shared__ reads, then
-    # an illegal memory access at K = 128), the bug fla guards against for its own kernels (fla #640).
+    # of a column sum and is used down the rows, a layout change of one [BT] vector per step. Not built
+    # transposed and turned with tl.trans: the transpose of a tile in a product's layout, stored to shared
+    # memory for the next product (TTGIR: local_alloc of a #linear tensor), is what Triton 3.4-3.6
+    # miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way).
     b_Di = eye
     for j in range(1, SOLVE_BLOCK):
         row_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + j
@@ -581,7 +580,10 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 # Autotune keys name dims, variant flags, chunk size and the speed alternatives' constexprs (each
 # alternative gets its own tuning; tensor dtypes are added by the autotuner): never T or the number of
 # sequences, so a new varlen batch does not retune.
-_prep_fwd = autotune(_warps_stages((8, 4), (1, 2)),
+# The preparation kernel runs with 8 warps only: on an H200 (Triton 3.6) its 4-warp configs ended DeltaNet and
+# Gated DeltaNet bf16 at K = 128 in an illegal memory access while the autotuner timed them, and with 8 warps
+# alone both matched float64, forward and backward (benchmarks/results/2026-12-04-nvidia-h200/README.md).
+_prep_fwd = autotune(_warps_stages((8,), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
                           "SOLVE_BLOCK"])(
     _delta_chunk_prep_fwd_kernel)

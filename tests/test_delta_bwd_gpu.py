@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_delta_bwd import DELTANET, GDN, GDN2, GRAD_NAMES, KDA, build_case, check_case, run_bwd
+from tolerances import assert_close
 
 VARIANTS = [DELTANET, GDN, KDA, GDN2]
 IDS = ["deltanet", "gdn", "kda", "gdn2"]
@@ -76,3 +77,28 @@ def test_bwd_gpu_deterministic(kinds):
     second = run_bwd(inputs, 0.1, cu, do, dfinal, 64)
     for name, a, c in zip(GRAD_NAMES, first, second):
         assert torch.equal(a, c), f"{name} differs between two runs"
+
+
+@pytest.mark.gpu
+def test_float32_training_takes_the_torch_path_on_cuda():
+    # float32 training with backend="auto" runs the PyTorch path on CUDA (the float32 Triton backward gave wrong
+    # gradients on an H200), right against float64; backend="triton" refuses it with the reason
+    import lamina
+    from lamina.reference import delta_rule_family_recurrent_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, v = (torch.randn(1, 100, 2, 32, device="cuda", generator=gen) for _ in range(2))
+    k = torch.nn.functional.normalize(torch.randn(1, 100, 2, 32, device="cuda", generator=gen), dim=-1)
+    g = -torch.rand(1, 100, 2, device="cuda", generator=gen)
+    beta = torch.rand(1, 100, 2, device="cuda", generator=gen)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
+    o, _ = lamina.chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4], scale=0.2, backend="auto")
+    o.sum().backward()
+    ref = [x.double().requires_grad_() for x in (q, k, v, g, beta)]
+    ro, _ = delta_rule_family_recurrent_ref(ref[0], ref[1], ref[2], ref[3], ref[4], ref[4], 0.2, None, False, None)
+    ro.sum().backward()
+    for name, a, r in zip(["o", "dq", "dk", "dv", "dg", "dbeta"], [o] + [x.grad for x in leaves],
+                          [ro] + [x.grad for x in ref]):
+        assert_close(name, a, r, dtype=torch.float32)
+    with pytest.raises(ValueError, match="float32"):
+        lamina.chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4], backend="triton")

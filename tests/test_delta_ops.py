@@ -425,3 +425,40 @@ def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int,
 def test_training_with_keys_of_512(variant):
     """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan)."""
     check_training_against_float64(variant, 20, 512, 16, chunk_size=16)
+
+
+@pytest.mark.parametrize("device_type,dtype,needs_grad,backend,expected", [
+    ("cuda", torch.float32, True, "auto", "torch"),
+    ("cuda", torch.float32, True, "triton", ValueError),
+    ("cuda", torch.float32, False, "triton", "triton"),
+    ("cuda", torch.bfloat16, True, "triton", "triton"),
+    ("cuda", torch.float16, True, "auto", "triton"),
+    ("cpu", torch.float32, True, "triton", "triton"),
+])
+def test_float32_training_path(device_type, dtype, needs_grad, backend, expected):
+    # the float32 Triton backward is not trusted on CUDA (wrong gradients on an H200): "auto" trains float32 on
+    # the PyTorch path there, an explicit "triton" says why it refuses, and everything else keeps its path
+    from lamina.ops.delta_rule_core import training_path
+
+    args = ("chunk_gated_delta_rule", "triton", backend, device_type, dtype, needs_grad)
+    if expected is ValueError:
+        with pytest.raises(ValueError, match=r"chunk_gated_delta_rule: backend='triton' with float32 .* bfloat16"):
+            training_path(*args)
+    else:
+        assert training_path(*args) == expected
+
+
+def test_float32_training_path_is_the_ops(monkeypatch):
+    # the op asks training_path with its inputs' device, dtype and whether they need gradients
+    import lamina.ops.delta_rule_core as core
+
+    seen = []
+    real = core.training_path
+    monkeypatch.setattr(core, "training_path", lambda *a: seen.append(a[3:]) or real(*a))
+    q, k, v = (torch.randn(1, 8, 1, 16) for _ in range(3))
+    g, beta = -torch.rand(1, 8, 1), torch.rand(1, 8, 1)
+    lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="torch")
+    lamina.chunk_gated_delta_rule(q.requires_grad_(), k, v, g=g, beta=beta, backend="torch")
+    with torch.no_grad():
+        lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="torch")
+    assert seen == [("cpu", torch.float32, False), ("cpu", torch.float32, True), ("cpu", torch.float32, False)]

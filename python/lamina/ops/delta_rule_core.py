@@ -332,6 +332,27 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 # --- dispatch ------------------------------------------------------------------------------------
 
+# Where the float32 backward of the chunked Triton kernels has not been shown right on the device: CUDA. On
+# an H200 (Triton 3.6) it gave wrong dq, dk, dg (RMS error ratios about 0.6 against float64, Gated DeltaNet)
+# and illegal memory accesses (DeltaNet, KDA), while the forward and the bf16 backward matched float64
+# (benchmarks/results/2026-12-04-nvidia-h200/README.md). Under the interpreter on CPU it is right.
+UNTRUSTED_FP32_BACKWARD_DEVICES = ("cuda",)
+
+
+def training_path(op: str, path: str, backend: str, device_type: str, dtype: torch.dtype, needs_grad: bool) -> str:
+    """``path`` unless it would run the float32 Triton backward where it is not trusted
+    (``UNTRUSTED_FP32_BACKWARD_DEVICES``): then "auto" takes the PyTorch path and an explicit "triton" raises."""
+    if not (path == "triton" and needs_grad and dtype == torch.float32
+            and device_type in UNTRUSTED_FP32_BACKWARD_DEVICES):
+        return path
+    if backend == "auto":
+        return "torch"
+    raise ValueError(
+        f"{op}: backend='triton' with float32 inputs that need gradients on {device_type}: the float32 backward of "
+        "the chunked Triton kernels gave wrong gradients and illegal memory accesses on an H200 (Triton 3.6); "
+        "train in bfloat16/float16, or use backend='auto' or 'torch' (PyTorch) for float32")
+
+
 def delta_rule_core(
     op: str,
     q: torch.Tensor,
@@ -360,6 +381,9 @@ def delta_rule_core(
     ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)`` ``[B, T, HV, V]`` in v.dtype, differentiable.
     """
     path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
+    path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad)
     if path == "torch" and gate is not None:
         g = gate_activation(g, *gate)
     if path == "torch":
@@ -375,8 +399,6 @@ def delta_rule_core(
     if q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "
                          "use backend='torch' for float64")
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
     if initial_state is not None:
         initial_state = initial_state.float()
     from lamina.kernels.delta_tuning import active_tuning
@@ -393,5 +415,5 @@ def delta_rule_core(
 
 __all__ = [
     "CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "FLOAT_DTYPES", "beta_activation", "check_flag_args", "check_gate_params",
-    "delta_rule_core", "gate_activation", "l2norm", "refuse", "state_layout", "validate_inputs",
+    "delta_rule_core", "gate_activation", "l2norm", "refuse", "state_layout", "training_path", "validate_inputs",
 ]
