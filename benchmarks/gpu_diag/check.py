@@ -1,0 +1,60 @@
+"""One delta-rule case on the GPU: lamina's Triton chunked path (forward and backward) against the float64
+chunked reference, RMS error ratios of the output, final state and every gradient."""
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+DEV = os.environ.get("DEV", "cuda")
+sys.path.insert(0, "tests")
+var, dt, shape = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split("x")]
+B, T, H, K = shape
+dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dt]
+tag = f"{var} {dt} {B}x{T}x{H}x{K}"
+t0 = time.time()
+try:
+    from test_delta_fwd import make_inputs
+
+    import lamina
+    from lamina.reference import delta_rule_family_chunk_ref
+    xs = [None if x is None else x.to(DEV) for x in make_inputs(var, B, T, H, H, K, K, dtype, h0=True)]
+    q, k, v, g, b, w, s0, _ = xs
+    F = {"delta": lamina.chunk_delta_rule, "gdn": lamina.chunk_gated_delta_rule, "kda": lamina.chunk_kda,
+         "gdn2": lamina.chunk_gdn2}[var]
+
+    def leaves(ts, dtype_of=None):
+        return [None if x is None else x.detach().clone().to(dtype_of or x.dtype).requires_grad_() for x in ts]
+
+    def gates(g, b, w):
+        return {"delta": dict(beta=b), "gdn": dict(g=g, beta=b), "kda": dict(g=g, beta=b),
+                "gdn2": dict(g=g, b=b, w=w)}[var]
+
+    lam = leaves([q, k, v, g, b, w if var == "gdn2" else None, s0])
+    o, s = F(*lam[:3], **gates(*lam[3:6]), initial_state=lam[6], output_final_state=True, backend="triton")
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    do, ds = torch.randn(o.shape, device=DEV, generator=gen), torch.randn(s.shape, device=DEV, generator=gen)
+    torch.autograd.backward([o, s], [do.to(o.dtype), ds])
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    ref = leaves([q, k, v, g, b, w if var == "gdn2" else None, s0], torch.float64)
+    rw = ref[5] if var == "gdn2" else ref[4]
+    ro, rs = delta_rule_family_chunk_ref(ref[0], ref[1], ref[2], ref[3], ref[4], rw, None, ref[6], True, None)
+    torch.autograd.backward([ro, rs], [do.double(), ds.double()])
+
+    def ratio(a, r):
+        return ((a.double() - r).norm() / r.norm()).item()
+
+    errs = {"o": ratio(o, ro), "state": ratio(s, rs)}
+    for name, a, r in zip("q k v g b w s0".split(), lam, ref):
+        if a is not None and r.grad is not None:
+            errs["d" + name] = ratio(a.grad, r.grad)
+    finite = all(torch.isfinite(x).all().item() for x in [o, s] + [a.grad for a in lam if a is not None])
+    worst = max(errs.values())
+    print(f"{tag}: ok in {time.time() - t0:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} | "
+          + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
+except Exception as exc:
+    print(f"{tag}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}", flush=True)
+    traceback.print_exc(limit=-4)
+    sys.exit(1)
