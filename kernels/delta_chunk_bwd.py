@@ -498,7 +498,9 @@ def delta_chunk_bwd(
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)
 
-    dg_out = None if g is None else (dg if decay == DecayKind.CHANNEL else reduce(dg, g))
+    # dg summed over its key-block partials once, in fp32 (a raw gate input's gradient also gives dt_bias's)
+    dg_sum = None if g is None else (dg if decay == DecayKind.CHANNEL else dg.sum(0).view(lead))
+    dg_out = None if g is None else dg_sum.to(g.dtype)
     db_out = None if b is None else (db if erase == GateKind.CHANNEL else reduce(db, b))
     dw_out = None if w is None else (dw if write == GateKind.CHANNEL else reduce(dw, w))
     dh0_out = dh0 if initial_state is not None else None
@@ -506,9 +508,8 @@ def delta_chunk_bwd(
         return dq, dk, dv, dg_out, db_out, dw_out, dh0_out
     # dt_bias enters as g + dt_bias: its gradient is the raw gate's, summed over tokens; A_log's is the A_log
     # terms summed over tokens (and channels)
-    dg_raw = dg.view(g.shape) if decay == DecayKind.CHANNEL else dg.sum(0).view(lead)
     dA_log = None if gate.A_log is None else dg_a.view(-1, HV, K if decay == DecayKind.CHANNEL else 1).sum((0, 2))
-    ddt_bias = None if gate.dt_bias is None else dg_raw.sum((0, 1)).reshape(-1)
-    return (dq, dk, dv, dg_out.to(g.dtype), db_out, dw_out, dh0_out,
+    ddt_bias = None if gate.dt_bias is None else dg_sum.view(g.shape).sum((0, 1)).reshape(-1)
+    return (dq, dk, dv, dg_out, db_out, dw_out, dh0_out,
             None if dA_log is None else dA_log.view(gate.A_log.shape).to(gate.A_log.dtype),
             None if ddt_bias is None else ddt_bias.view(gate.dt_bias.shape).to(gate.dt_bias.dtype))
