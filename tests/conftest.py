@@ -1,4 +1,4 @@
-"""Test harness: seeds, interpreter mode, NaN-poisoned allocations, markers.
+"""Test harness: seeds, interpreter mode, NaN-poisoned allocations, markers, a fresh process after a CUDA fault.
 
 Without CUDA, Triton kernels run under the interpreter on CPU tensors; the
 environment variable must be set before triton is imported, so it is set here,
@@ -23,6 +23,7 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
+from cuda_fault import pytest_runtest_logfinish, pytest_runtest_makereport  # noqa: E402,F401  (hooks)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
