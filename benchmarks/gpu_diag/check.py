@@ -1,5 +1,15 @@
 """One delta-rule case on the GPU: lamina's Triton chunked path (forward and backward) against the float64
-chunked reference, RMS error ratios of the output, final state and every gradient."""
+chunked reference, RMS error ratios of the output, final state and every gradient.
+
+The op's float32 fence (``training_path``) is lifted here: these checks are of the kernels themselves.
+Two knobs, for bisecting the float32 backward's faults:
+
+* ``DIAG_DOT``: the backward kernels' ``input_precision`` (default ``tf32x3``; ``ieee`` takes the tensor cores
+  out of the backward);
+* ``DIAG_BWD_WARPS``: the backward kernels' warps (default 8). With 8 warps a [64, 16] product splits its
+  16 columns over two warpgroups (``wgmma m64n8k8`` in tf32, the shape of Triton issue #10629); with 4 it
+  does not.
+"""
 import os
 import sys
 import time
@@ -18,7 +28,14 @@ try:
     from test_delta_fwd import make_inputs
 
     import lamina
+    import lamina.kernels.delta_chunk_bwd as bwd
+    import lamina.ops.delta_rule_core as core
     from lamina.reference import delta_rule_family_chunk_ref
+
+    core.UNTRUSTED_FP32_BACKWARD_DEVICES = ()
+    bwd.DOT_PRECISION = os.environ.get("DIAG_DOT", bwd.DOT_PRECISION)
+    bwd.NUM_WARPS = int(os.environ.get("DIAG_BWD_WARPS", bwd.NUM_WARPS))
+    tag += f" (backward {bwd.DOT_PRECISION}, {bwd.NUM_WARPS} warps)"
     xs = [None if x is None else x.to(DEV) for x in make_inputs(var, B, T, H, H, K, K, dtype, h0=True)]
     q, k, v, g, b, w, s0, _ = xs
     F = {"delta": lamina.chunk_delta_rule, "gdn": lamina.chunk_gated_delta_rule, "kda": lamina.chunk_kda,
