@@ -1,10 +1,11 @@
 """Triton kernels of RMSNorm with an optional residual input and an optional output gate (fla's
-``rms_norm`` / ``RMSNorm`` and ``rms_norm_gated`` / ``FusedRMSNormGated``).
+``rms_norm`` / ``RMSNorm`` and ``rms_norm_gated`` / ``FusedRMSNormGated``), and of the L2 norm (fla's
+``l2_norm``, which the delta-rule ops apply to q and k with ``use_qk_l2norm_in_kernel``).
 
 Forward, one pass over the rows of ``[N, D]``::
 
     s    = x + residual                              # residual optional; s is stored when asked (prenorm)
-    rstd = 1 / sqrt(mean(s^2) + eps)                 # saved per row
+    rstd = 1 / sqrt(mean(s^2) + eps)                 # saved per row; NORM="l2": 1 / sqrt(sum(s^2) + eps)
     y    = (s * rstd * weight + bias) * act(g)       # weight, bias optional; gate optional, after the norm
 
 ``act``: ``swish`` (``g * sigmoid(g)``) or ``sigmoid``. Backward, one pass, recomputing ``s`` from
@@ -13,7 +14,7 @@ x and the residual (nothing but rstd is saved)::
     yn = s * rstd;  y0 = yn * weight + bias
     dg = dy * y0 * act'(g);  dy <- dy * act(g)
     dweight += dy * yn;  dbias += dy
-    ds = rstd * (dy * weight - yn * mean(dy * weight * yn)) + dresidual_out
+    ds = rstd * (dy * weight - yn * mean(dy * weight * yn)) + dresidual_out    # NORM="l2": sum, not mean
     dx = ds (x's dtype);  dresidual = ds (the residual's dtype)
 
 The weight and bias gradients are reduced without atomics: every program of a persistent grid
@@ -34,6 +35,8 @@ from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, next_power_of_2, reg
 # Gates after the norm (fla's names); "none" for plain RMSNorm. "silu" is accepted by the ops as
 # another name of "swish".
 GATES = ("none", "swish", "sigmoid")
+# The row statistic: "rms" divides the sum of squares by D (RMSNorm), "l2" does not (the L2 norm).
+NORMS = ("rms", "l2")
 # Widest row kept whole in one program. The forward holds s, g and w: 8192 columns over 16 warps
 # take 56-63 registers a thread on sm_90/sm_80 (static report). The backward holds x, g, dy, yn, w
 # and two column accumulators: 4096 columns over 16 warps take 43-63 registers. Wider rows are
@@ -91,6 +94,15 @@ def _load_sum(x_ptr, res_ptr, offs, mask, HAS_RES: tl.constexpr):
 
 
 @triton.jit
+def _row_mean(sums, D, NORM: tl.constexpr):
+    """A per-row sum over the D columns, as the norm's statistic takes it: over D for "rms", whole for "l2"."""
+    if NORM == "rms":
+        return sums / D
+    else:
+        return sums
+
+
+@triton.jit
 def _gate(g, GATE: tl.constexpr):
     """(act(g), act'(g)) for the swish or sigmoid gate."""
     sig = tl.sigmoid(g)
@@ -145,7 +157,7 @@ def _rms_norm_fwd_kernel(
     x_ptr, res_ptr, g_ptr, w_ptr, b_ptr, y_ptr, res_out_ptr, rstd_ptr,
     n_rows, D, eps,
     GATE: tl.constexpr, HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    HAS_B: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SINGLE_TILE: tl.constexpr, NORM: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     if SINGLE_TILE:
@@ -154,7 +166,7 @@ def _rms_norm_fwd_kernel(
         s = _load_sum(x_ptr, res_ptr, offs, mask, HAS_RES)
         if STORE_RES:
             tl.store(res_out_ptr + offs, s.to(res_out_ptr.dtype.element_ty), mask=mask)
-        rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=1) / D + eps)
+        rstd = 1.0 / tl.sqrt(_row_mean(tl.sum(s * s, axis=1), D, NORM) + eps)
         y = _output(s, rstd, g_ptr, w_ptr, b_ptr, offs, mask, cols, D, GATE, HAS_W, HAS_B)
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -166,7 +178,7 @@ def _rms_norm_fwd_kernel(
             if STORE_RES:
                 tl.store(res_out_ptr + offs, s.to(res_out_ptr.dtype.element_ty), mask=mask)
             sq += tl.sum(s * s, axis=1)
-        rstd = 1.0 / tl.sqrt(sq / D + eps)
+        rstd = 1.0 / tl.sqrt(_row_mean(sq, D, NORM) + eps)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             offs, mask = _tile(rows, cols, n_rows, D)
@@ -182,7 +194,7 @@ def _rms_norm_bwd_kernel(
     dx_ptr, dres_ptr, dg_ptr, dw_part_ptr, db_part_ptr,
     n_rows, D, n_blocks,
     GATE: tl.constexpr, HAS_RES: tl.constexpr, HAS_DRES_OUT: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    HAS_B: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SINGLE_TILE: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -197,7 +209,7 @@ def _rms_norm_bwd_kernel(
         if SINGLE_TILE:
             offs, mask, yn, dy, wdy, dg = _grad_terms(x_ptr, res_ptr, g_ptr, w_ptr, b_ptr, dy_ptr, rstd, rows, cols,
                                                       n_rows, D, GATE, HAS_RES, HAS_W, HAS_B)
-            c1 = tl.sum(yn * wdy, axis=1) / D
+            c1 = _row_mean(tl.sum(yn * wdy, axis=1), D, NORM)
         else:
             # Wide rows: a first pass over the column tiles for the row statistic.
             c1 = tl.zeros([ROWS], dtype=tl.float32)
@@ -206,7 +218,7 @@ def _rms_norm_bwd_kernel(
                 offs, mask, yn, dy, wdy, dg = _grad_terms(x_ptr, res_ptr, g_ptr, w_ptr, b_ptr, dy_ptr, rstd, rows,
                                                           cols, n_rows, D, GATE, HAS_RES, HAS_W, HAS_B)
                 c1 += tl.sum(yn * wdy, axis=1)
-            c1 = c1 / D
+            c1 = _row_mean(c1, D, NORM)
         for d0 in range(0, D, BLOCK_D):  # one iteration for a single tile
             if not SINGLE_TILE:
                 cols = d0 + tl.arange(0, BLOCK_D)
@@ -250,11 +262,13 @@ def rms_norm_fwd(
     eps: float,
     gate: str,
     residual_out_dtype: torch.dtype | None,
+    norm: str = "rms",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(y [N, D] in x's dtype, rstd [N] fp32, residual_out = x + residual [N, D] or None).
 
     ``x, residual, g: [N, D]`` contiguous; ``weight, bias: [D]``; ``gate`` one of ``GATES`` ("none"
-    when g is None). ``residual_out`` is written, in ``residual_out_dtype``, when that is not None.
+    when g is None); ``norm`` one of ``NORMS``. ``residual_out`` is written, in ``residual_out_dtype``,
+    when that is not None.
     """
     n, d = x.shape
     block_d, rows, num_warps = norm_tiles(d, x.element_size(), backward=False)
@@ -267,7 +281,8 @@ def rms_norm_fwd(
         _rms_norm_fwd_kernel[(cdiv(n, rows),)](
             x, residual, g, weight, bias, y, res_out, rstd, n, d, eps,
             GATE=gate, HAS_RES=residual is not None, STORE_RES=res_out is not None, HAS_W=weight is not None,
-            HAS_B=bias is not None, BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=d <= block_d, num_warps=num_warps,
+            HAS_B=bias is not None, BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=d <= block_d, NORM=norm,
+            num_warps=num_warps,
         )
     return y, rstd, res_out
 
@@ -289,6 +304,7 @@ def rms_norm_bwd(
     bias: torch.Tensor | None,
     rstd: torch.Tensor,
     gate: str,
+    norm: str = "rms",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Gradients of ``rms_norm_fwd``: (dx, dresidual, dg, dweight, dbias), each in its input's dtype,
     None where the input is None. ``dy`` and ``dresidual_out`` (the gradient of residual_out, or None)
@@ -308,7 +324,7 @@ def rms_norm_bwd(
             x, residual, g, weight, bias, rstd, dy, dresidual_out, dx, dres, dg, dw_part, db_part, n, d, n_blocks,
             GATE=gate, HAS_RES=residual is not None, HAS_DRES_OUT=dresidual_out is not None,
             HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_D=block_d, ROWS=rows,
-            SINGLE_TILE=d <= block_d, num_warps=num_warps,
+            SINGLE_TILE=d <= block_d, NORM=norm, num_warps=num_warps,
         )
     # second stage of the reductions: the partial rows summed in a fixed order
     dweight = dw_part.sum(0).to(weight.dtype) if weight is not None else None
@@ -318,10 +334,11 @@ def rms_norm_bwd(
 
 # --- static report: representative configurations on a GPU ----------------------------------------
 
-# (D, dtype, gate, residual): a model width with a residual stream (RMSNorm before a block), a wide
-# row in column tiles, and a gated head-dim norm (FusedRMSNormGated over V = 128).
-_AOT_CASES = ((4096, torch.bfloat16, "none", True), (16384, torch.bfloat16, "none", True),
-              (128, torch.bfloat16, "swish", False))
+# (D, dtype, gate, residual, norm): a model width with a residual stream (RMSNorm before a block), a wide
+# row in column tiles, a gated head-dim norm (FusedRMSNormGated over V = 128), and the delta-rule ops' L2
+# norm of q and k (K = 128, no weight).
+_AOT_CASES = ((4096, torch.bfloat16, "none", True, "rms"), (16384, torch.bfloat16, "none", True, "rms"),
+              (128, torch.bfloat16, "swish", False, "rms"), (128, torch.bfloat16, "none", False, "l2"))
 _TRITON_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
@@ -333,7 +350,7 @@ def _aligned_attrs(fn, signature: dict[str, str]) -> dict:
 
 
 def _register_default_configs() -> None:
-    for d, dtype, gate, has_res in _AOT_CASES:
+    for d, dtype, gate, has_res, norm in _AOT_CASES:
         dt = _TRITON_TYPE[dtype]
         fwd_sig = {"x_ptr": dt, "res_ptr": dt, "g_ptr": dt, "w_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": dt,
                    "res_out_ptr": dt, "rstd_ptr": "*fp32", "n_rows": "i32", "D": "i32", "eps": "fp32"}
@@ -345,12 +362,12 @@ def _register_default_configs() -> None:
             ("bwd", _rms_norm_bwd_kernel, bwd_sig, {"HAS_DRES_OUT": has_res}),
         ):
             block_d, rows, num_warps = norm_tiles(d, dtype.itemsize, backward=kind == "bwd")
-            constexprs = {"GATE": gate, "HAS_RES": has_res, "HAS_W": True, "HAS_B": False, "BLOCK_D": block_d,
-                          "ROWS": rows, "SINGLE_TILE": d <= block_d, **extra}
+            constexprs = {"GATE": gate, "HAS_RES": has_res, "HAS_W": norm == "rms", "HAS_B": False,
+                          "BLOCK_D": block_d, "ROWS": rows, "SINGLE_TILE": d <= block_d, "NORM": norm, **extra}
             register_aot(AotSpec(
                 name=f"_rms_norm_{kind}_kernel",
                 config=(f"D={d} {dt[1:]} gate={gate}{' residual' if has_res else ''} BLOCK_D={block_d} ROWS={rows} "
-                        f"warps={num_warps}"),
+                        f"warps={num_warps}{' norm=l2' if norm == 'l2' else ''}"),
                 fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
                 num_warps=num_warps, uses_dot=False, meta={"attrs": _aligned_attrs(fn, signature), "D": d},
             ))

@@ -48,6 +48,22 @@ def test_gate_formulas_match_fla():
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("backend, kernel_calls", [("triton", 2), ("torch", 0)])
+def test_qk_l2norm_runs_the_l2_norm_kernel(monkeypatch, backend, kernel_calls):
+    # use_qk_l2norm_in_kernel: one L2-norm kernel launch each for q and k on the Triton path, none on the torch
+    # path; the results (against fla's references) are checked by the tests that use the option
+    import lamina.kernels.rms_norm_gated as norm_kernels
+
+    norms = []
+    real = norm_kernels.rms_norm_fwd
+    monkeypatch.setattr(norm_kernels, "rms_norm_fwd", lambda *a: norms.append(a[-1]) or real(*a))
+    q, k, v = base_inputs()
+    g, beta = -rand(B, T, HV, seed=11).abs(), rand(B, T, HV, seed=12).sigmoid()
+    lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, backend=backend)
+    assert norms == ["l2"] * kernel_calls
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_kda_with_all_options_matches_fla_naive(recurrent):
     from fla.ops.kda.naive import naive_recurrent_kda

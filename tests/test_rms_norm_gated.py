@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lamina.layers.norm import FusedRMSNormGated, RMSNorm
-from lamina.ops.rms_norm_gated import rms_norm, rms_norm_gated
-from lamina.reference.norm import rms_norm_gated_ref, rms_norm_ref
+from lamina.ops.rms_norm_gated import l2_norm, rms_norm, rms_norm_gated
+from lamina.reference.norm import l2_norm_ref, rms_norm_gated_ref, rms_norm_ref
 from tests.tolerances import assert_close
 
 # The interpreter converts the persistent backward loop's tensor bounds to ints through a numpy path
@@ -147,8 +147,43 @@ def test_custom_ops_pass_opcheck():
     """Schema, autograd registration, fake implementation and AOT dispatch of the Triton path's op."""
     x, g, w, b, r = (t.requires_grad_() for t in make_inputs((6, 16), torch.float32, True, True, True, True))
     results = torch.library.opcheck(torch.ops.lamina.rms_norm_fwd.default, (x, r, g, w, b, 1e-5, "swish",
-                                                                            torch.float32))
+                                                                            torch.float32, "rms"))
     assert all(v == "SUCCESS" for v in results.values()), results
+    results = torch.library.opcheck(torch.ops.lamina.rms_norm_fwd.default, (x, None, None, None, None, 1e-6, "none",
+                                                                            None, "l2"))
+    assert all(v == "SUCCESS" for v in results.values()), results
+
+
+# --- the L2 norm (the same kernels, the sum of squares in place of the mean) -----------------------
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=pytest.mark.interpret), "torch"])
+@pytest.mark.parametrize("dtype, shape", [
+    (torch.float32, SHAPE),
+    (torch.bfloat16, (5, 2, 128)),
+    (torch.float16, (9, 64)),
+    (torch.float32, (2, 8192 + 72)),  # wider than one tile forward (8192) and backward (4096)
+])
+def test_l2_norm_matches_reference(backend, dtype, shape):
+    x = make_inputs(shape, dtype, False)[0].requires_grad_()
+    xd = x.detach().double().requires_grad_()
+    y, y_ref = l2_norm(x, backend=backend), l2_norm_ref(xd)
+    assert y.dtype == dtype
+    assert_close("y", y, y_ref, kind="elementwise", dtype=dtype)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (dx,), (dx_ref,) = torch.autograd.grad(y, x, dy), torch.autograd.grad(y_ref, xd, dy.double())
+    assert dx.dtype == dtype
+    # the backward subtracts y * sum(dy * y) (cancellation): RMS error ratio, as for RMSNorm's dx
+    assert_close("dx", dx, dx_ref, kind="recurrence", dtype=dtype)
+
+
+@pytest.mark.interpret
+def test_l2_norm_is_not_rms_norm():
+    # the two statistics differ by the factor D; a kernel that took the mean would be off by sqrt(D)
+    x = make_inputs((4, 64), torch.float32, False)[0]
+    y = l2_norm(x, backend="triton")
+    assert_close("row norms", y.norm(dim=-1), torch.ones(4), kind="elementwise", dtype=torch.float32)
+    assert_close("rms", rms_norm(x, None, backend="triton").pow(2).mean(-1), torch.ones(4), kind="elementwise",
+                 dtype=torch.float32)
 
 
 # --- the layers -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     # fla building blocks
     "causal_conv1d": "lamina.ops.short_conv",
     "causal_conv1d_update": "lamina.ops.short_conv",
+    "l2_norm": "lamina.ops.rms_norm_gated",
     "rms_norm": "lamina.ops.rms_norm_gated",
     "rms_norm_gated": "lamina.ops.rms_norm_gated",
     # run fla's layers and models on lamina

@@ -33,10 +33,11 @@ Input transforms: ``use_gate_in_kernel`` (with ``A_log``/``dt_bias``/``lower_bou
 chunked Triton kernels: they read the raw gate and apply the activation where they load it, forward and
 backward, and the backward returns the gradients of the raw gate, ``A_log`` and ``dt_bias`` (with ``gk``
 or ``cp_context``, and on the torch path, it is applied with PyTorch ops in float32 first, as below).
-The other in-kernel options of fla (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` with
-``allow_neg_eigval``) are applied here with PyTorch ops, in float32, before the kernels, on every
-backend; autograd differentiates them. The results are fla's to float32 rounding (fla fuses the same
-formulas into its kernels).
+``use_qk_l2norm_in_kernel`` runs ``lamina.l2_norm`` on q and k before the chunked kernels: one Triton
+pass over each, forward and backward (computed in float32; PyTorch ops with ``backend="torch"``), as fla
+runs its own l2norm kernel before its chunked ones. ``use_beta_sigmoid_in_kernel`` (with
+``allow_neg_eigval``) is applied here with PyTorch ops, in float32, before the kernels, on every backend;
+autograd differentiates it. The results are fla's to float32 rounding.
 
 Gradients: the chunked ops differentiate through ``kernels.delta_chunk_bwd`` (Triton) or, with
 ``backend="torch"``, autograd through the vectorised chunked PyTorch path ``lamina.ops.delta_rule_cpu``
@@ -205,7 +206,7 @@ def _run(
             gk = g.to(acc)[..., None] + gk.to(acc)
         g = gk
     if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
+        q, k = l2norm(q, backend), l2norm(k, backend)
     if gate_kind == _SCALAR:
         # beta None is ones, then the in-kernel options apply to it, as in fla
         b = beta_activation(q.new_ones(lead) if b is None else b, use_beta_sigmoid_in_kernel, allow_neg_eigval)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V
 from lamina._dispatch import select_backend
 from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_shape, check_tensor
+from lamina.ops.rms_norm_gated import l2_norm
 
 # fla's l2norm: x / sqrt(sum(x^2) + eps).
 L2NORM_EPS = 1e-6
@@ -141,12 +142,14 @@ def state_layout(op: str, state_v_first: bool, transpose_state_layout: bool | No
     return bool(transpose_state_layout)
 
 
-# --- input transforms (PyTorch ops, so autograd differentiates them on every backend) ------------
+# --- input transforms (PyTorch ops or lamina's L2-norm op: autograd differentiates them on every backend) --
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """``x / sqrt(sum(x^2, -1) + eps)`` over the head dim, computed in fp32, returned in x.dtype."""
-    xf = x.float() if x.dtype != torch.float64 else x
-    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+def l2norm(x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+    """``x / sqrt(sum(x^2, -1) + eps)`` over the head dim, computed in fp32, returned in x.dtype.
+
+    ``lamina.l2_norm``: its one-pass Triton kernel, forward and backward, unless ``backend`` is "torch"
+    (then PyTorch ops, differentiated by autograd; float64 always takes that path)."""
+    return l2_norm(x, L2NORM_EPS, "torch" if backend == "torch" else "auto")
 
 
 def beta_activation(beta: torch.Tensor, use_sigmoid: bool, allow_neg_eigval: bool) -> torch.Tensor:

@@ -13,6 +13,10 @@ The gate multiplies after the norm (fla's ``FusedRMSNormGated``; fla's other gat
 stream to carry to the next block: ``x + residual`` in the residual's dtype, or, without a
 residual, x itself (float32 with ``residual_in_fp32=True``), as fla does.
 
+``l2_norm`` is the same kernel with the sum of squares in place of their mean (``x / sqrt(sum(x^2) +
+eps)``, fla's ``l2_norm``): the delta-rule ops' ``use_qk_l2norm_in_kernel`` runs it on q and k, one
+pass each way instead of PyTorch's several float32 passes.
+
 Paths (``backend=``, ``lamina._dispatch.select_backend``): Triton kernels
 (``lamina.kernels.rms_norm_gated``; CUDA tensors, or CPU under ``TRITON_INTERPRET=1``) as
 ``torch.library.custom_op`` s with fake implementations; PyTorch (the CPU default, and float64),
@@ -38,11 +42,12 @@ _KERNEL_GATE = {None: "none", "swish": "swish", "silu": "swish", "sigmoid": "sig
 
 # --- PyTorch path ----------------------------------------------------------------------------------
 
-def _torch_norm(x, residual, g, weight, bias, eps, gate, residual_out_dtype):
+def _torch_norm(x, residual, g, weight, bias, eps, gate, residual_out_dtype, norm="rms"):
     """(y, residual_out or None) on [N, D] rows, differentiable by autograd."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     s = x.to(compute) if residual is None else x.to(compute) + residual.to(compute)
-    y = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + eps)
+    squares = s.pow(2)
+    y = s * torch.rsqrt((squares.mean if norm == "rms" else squares.sum)(dim=-1, keepdim=True) + eps)
     if weight is not None:
         y = y * weight.to(compute)
     if bias is not None:
@@ -64,17 +69,17 @@ def _none_if_empty(t: torch.Tensor | None) -> torch.Tensor | None:
 @torch.library.custom_op(
     "lamina::rms_norm_fwd", mutates_args=(),
     schema="(Tensor x, Tensor? residual, Tensor? g, Tensor? weight, Tensor? bias, float eps, str gate, "
-           "ScalarType? residual_out_dtype) -> (Tensor, Tensor, Tensor)")
-def _fwd_op(x, residual, g, weight, bias, eps, gate, residual_out_dtype):
+           "ScalarType? residual_out_dtype, str norm) -> (Tensor, Tensor, Tensor)")
+def _fwd_op(x, residual, g, weight, bias, eps, gate, residual_out_dtype, norm):
     """(y, rstd, residual_out or [0]); residual_out (x + residual) is written when its dtype is given."""
     from lamina.kernels.rms_norm_gated import rms_norm_fwd
 
-    y, rstd, res_out = rms_norm_fwd(x, residual, g, weight, bias, eps, gate, residual_out_dtype)
+    y, rstd, res_out = rms_norm_fwd(x, residual, g, weight, bias, eps, gate, residual_out_dtype, norm)
     return y, rstd, (x.new_zeros(0) if res_out is None else res_out)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(x, residual, g, weight, bias, eps, gate, residual_out_dtype):
+def _fwd_fake(x, residual, g, weight, bias, eps, gate, residual_out_dtype, norm):
     res_out = x.new_empty(0) if residual_out_dtype is None else x.new_empty(x.shape, dtype=residual_out_dtype)
     return torch.empty_like(x), x.new_empty(x.shape[0], dtype=torch.float32), res_out
 
@@ -82,38 +87,39 @@ def _fwd_fake(x, residual, g, weight, bias, eps, gate, residual_out_dtype):
 @torch.library.custom_op(
     "lamina::rms_norm_bwd", mutates_args=(),
     schema="(Tensor dy, Tensor? dresidual_out, Tensor x, Tensor? residual, Tensor? g, Tensor? weight, "
-           "Tensor? bias, Tensor rstd, str gate) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
-def _bwd_op(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate):
+           "Tensor? bias, Tensor rstd, str gate, str norm) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _bwd_op(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate, norm):
     """(dx, dresidual, dg, dweight, dbias), ``[0]`` where the input is None."""
     from lamina.kernels.rms_norm_gated import rms_norm_bwd
 
-    grads = rms_norm_bwd(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate)
+    grads = rms_norm_bwd(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate, norm)
     return tuple(x.new_zeros(0) if t is None else t for t in grads)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate):
+def _bwd_fake(dy, dresidual_out, x, residual, g, weight, bias, rstd, gate, norm):
     return tuple(x.new_empty(0) if t is None else torch.empty_like(t) for t in (x, residual, g, weight, bias))
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, g, weight, bias, _, gate, _ = inputs
+    x, residual, g, weight, bias, _, gate, _, norm = inputs
     ctx.save_for_backward(x, residual, g, weight, bias, output[1])
-    ctx.gate = gate
+    ctx.gate, ctx.norm = gate, norm
 
 
 def _backward(ctx, dy, _drstd, dres_out):
-    # one gradient per input of lamina::rms_norm_fwd: x, residual, g, weight, bias, eps, gate, residual_out_dtype
+    # one gradient per input of lamina::rms_norm_fwd: x, residual, g, weight, bias, eps, gate, residual_out_dtype,
+    # norm
     x, residual, g, weight, bias, rstd = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dres_out = _none_if_empty(dres_out)
     dres_out = None if dres_out is None else dres_out.contiguous()
-    dx, dres, dg, dw, db = _bwd_op(dy, dres_out, x, residual, g, weight, bias, rstd, ctx.gate)
+    dx, dres, dg, dw, db = _bwd_op(dy, dres_out, x, residual, g, weight, bias, rstd, ctx.gate, ctx.norm)
 
     def present(grad, inp):
         return None if inp is None else grad
 
-    return dx, present(dres, residual), present(dg, g), present(dw, weight), present(db, bias), None, None, None
+    return dx, present(dres, residual), present(dg, g), present(dw, weight), present(db, bias), None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -149,7 +155,7 @@ def _validate(op, x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, 
     check_same_device(x=x, g=g, weight=weight, bias=bias, residual=residual)
 
 
-def _run(op, x, g, weight, bias, gate, residual, eps, prenorm, residual_in_fp32, backend):
+def _run(op, x, g, weight, bias, gate, residual, eps, prenorm, residual_in_fp32, backend, norm="rms"):
     _validate(op, x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, backend)
     path = select_backend(op, backend, (x, g, weight, bias, residual))
     if path == "triton" and any(t is not None and t.dtype not in KERNEL_DTYPES for t in (x, g, residual)):
@@ -166,10 +172,10 @@ def _run(op, x, g, weight, bias, gate, residual, eps, prenorm, residual_in_fp32,
     r2 = None if residual is None else residual.reshape(-1, D)
     g2 = None if g is None else g.reshape(-1, D)
     if path == "torch":
-        y, res_out = _torch_norm(x2, r2, g2, weight, bias, float(eps), gate, res_dtype)
+        y, res_out = _torch_norm(x2, r2, g2, weight, bias, float(eps), gate, res_dtype, norm)
     else:
         x2, r2, g2, weight, bias = (None if t is None else t.contiguous() for t in (x2, r2, g2, weight, bias))
-        y, _, res_out = _fwd_op(x2, r2, g2, weight, bias, float(eps), gate, res_dtype)
+        y, _, res_out = _fwd_op(x2, r2, g2, weight, bias, float(eps), gate, res_dtype, norm)
     y = y.view(x.shape)
     if not prenorm:
         return y
@@ -237,4 +243,18 @@ def rms_norm_gated(
                 residual_in_fp32, backend)
 
 
-__all__ = ["ACTIVATIONS", "rms_norm", "rms_norm_gated"]
+def l2_norm(x: torch.Tensor, eps: float = 1e-6, backend: str = "auto") -> torch.Tensor:
+    """The L2 norm of the rows of ``x``: ``x / sqrt(sum(x^2) + eps)`` (fla's ``l2_norm``), in x's dtype.
+
+    Args:
+        x: [..., D].
+        eps: added to the sum of squares.
+        backend: "auto", "triton" or "torch" (``lamina._dispatch``); float64 runs on the PyTorch path.
+
+    Returns:
+        [..., D] in x's dtype (computed in float32 for lower precisions).
+    """
+    return _run("l2_norm", x, None, None, None, "none", None, eps, False, False, backend, norm="l2")
+
+
+__all__ = ["ACTIVATIONS", "l2_norm", "rms_norm", "rms_norm_gated"]

@@ -1,5 +1,5 @@
-"""Naive PyTorch references of RMSNorm and the gated RMSNorm (fla's ``rms_norm`` and
-``rms_norm_gated``), computed in float64::
+"""Naive PyTorch references of RMSNorm, the gated RMSNorm and the L2 norm (fla's ``rms_norm``,
+``rms_norm_gated`` and ``l2_norm``), computed in float64::
 
     s = x + residual
     y = (s / sqrt(mean(s^2) + eps) * weight + bias) * act(g)     # act(g): g * sigmoid(g) or sigmoid(g)
@@ -62,3 +62,9 @@ def rms_norm_gated_ref(
     """RMSNorm of ``x: [..., D]`` (+ ``residual``), then times ``act(g)``, ``g: [..., D]``;
     ``activation``: "swish" / "silu" or "sigmoid"."""
     return _norm(x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps)
+
+
+def l2_norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim of ``x: [..., D]``, in float64, returned in x's dtype."""
+    xd = x.double()
+    return (xd / torch.sqrt((xd * xd).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
