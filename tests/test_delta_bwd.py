@@ -142,6 +142,7 @@ def test_bwd_head_dims(kinds, K, V):
     check_case(*build_case(1, 70, 1, 2, K, V, kinds))
 
 
+@pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
 @pytest.mark.interpret
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
@@ -156,6 +157,7 @@ def test_bwd_scan_with_dh_in_memory(kinds, monkeypatch):
     assert [t.dh_in_memory for t in used] == [True, True]
 
 
+@pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
 @pytest.mark.interpret
 @pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
 def test_bwd_scan_with_dh_in_registers_fp32(kinds, monkeypatch):

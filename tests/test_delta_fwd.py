@@ -196,6 +196,7 @@ def test_chunk_indices_numbering():
     assert dense == (None, None, 6, 3)
 
 
+@pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_separate_output_kernel(monkeypatch, variant):
     """``delta_tuning(output_kernel=True)``: the state pass skips the output and a parallel kernel computes it
@@ -284,6 +285,7 @@ def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
     assert launched == [(want, 128 // want, want_bv)] and 128 // want > 1
 
 
+@pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtype,in_memory", [(torch.float32, None), (torch.float32, False), (torch.bfloat16, True)],
                          ids=["fp32-default", "fp32-registers", "bf16-memory"])

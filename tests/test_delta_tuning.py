@@ -48,6 +48,7 @@ def _saved_chunk_states(variant: str, t: int, k_dim: int, v_dim: int, chunk: int
     return shapes.count((-(-t // chunk), HV, k_dim, v_dim))
 
 
+@pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
 @pytest.mark.interpret
 @pytest.mark.parametrize("variant", ["delta", "gdn", "kda", "gdn2"])
 def test_recomputed_chunk_states(variant):
