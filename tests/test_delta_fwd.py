@@ -22,12 +22,17 @@ VARIANTS = {"delta": (0, 0, 0), "gdn": (1, 0, 0), "kda": (2, 0, 0), "gdn2": (2, 
 
 
 def make_inputs(variant, B, T, H, HV, K, V, dtype=torch.float32, decay=(0.0, 1.0), varlen=None, h0=False,
-                seed=0):
-    """q, k (l2-normalised), v in ``dtype``; gates in float32; g ~ -U(decay); b, w ~ U(0, 1)."""
+                seed=0, key_overlap=0.0):
+    """q, k (l2-normalised), v in ``dtype``; gates in float32; g ~ -U(decay); b, w ~ U(0, 1).
+
+    ``key_overlap`` a > 0 adds a times one shared random direction to every key before the norm (cosine
+    between keys about a^2 / (1 + a^2)): large entries of the chunk's L, so that the high powers of L in
+    its inverse matter."""
     gen = torch.Generator().manual_seed(seed)
     d, e, wr = VARIANTS[variant]
     q = torch.randn(B, T, H, K, generator=gen).to(dtype)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    k = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(k + key_overlap * torch.randn(H, K, generator=gen), dim=-1).to(dtype)
     v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
     lo, hi = decay
     g = None
@@ -261,6 +266,17 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
     with delta_tuning(solve_block=solve_block):
         check_against_reference(variant, 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
     assert launched == [(solve_block,)]
+
+
+@pytest.mark.parametrize("solve_block", [16, 32, 64])
+def test_triangular_solves_with_overlapping_keys(solve_block):
+    """Keys at cosine ~0.9 and slow decay: L's high powers are far from zero, so each solve must be exact to the
+    last term (the blocked solve's series up to Lbd^(solve_block - 1); 64 is the default substitution)."""
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    with delta_tuning(solve_block=solve_block):
+        for variant in ("delta", "gdn"):
+            check_against_reference(variant, 1, 64, 1, 1, 32, 16, h0=True, decay=(0.0, 0.02), key_overlap=3.0)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
