@@ -449,6 +449,24 @@ def _norm_target(gated: bool) -> Target:
     return Target("rms_norm_gated" if gated else "rms_norm", base, lambda kw: fn(**kw), tuple(muts))
 
 
+def _l2_norm_target() -> Target:
+    import lamina
+
+    def base(dev: torch.device) -> Kwargs:
+        return {"x": _randn(2, 3, 16, device=dev)}
+
+    muts = (
+        as_list("x"), cast("x", torch.int32), cast("x", torch.int64), cast("x", torch.bool), resize("x", 2, 0),
+        set_arg("x", lambda kw: kw["x"][0, 0, 0], label="x as a 0-d tensor"), set_arg("x", None),
+        set_arg("x", 3.0), set_arg("x", "abc"),
+        set_arg("eps", -1.0), set_arg("eps", "abc"), set_arg("eps", float("nan")), set_arg("eps", float("inf")),
+        set_arg("eps", None), set_arg("eps", True),
+        set_arg("backend", "bogus"), set_arg("backend", None), set_arg("backend", 3), set_arg("backend", "cuda"),
+        zero_len(["x"]), zero_len(["x"], dim=0),
+    )
+    return Target("l2_norm", base, lambda kw: lamina.l2_norm(**kw), muts)
+
+
 def targets() -> list[Target]:
     """Every public op and layer with its malformed calls."""
     g, beta = "scalar", "scalar"
@@ -464,6 +482,7 @@ def targets() -> list[Target]:
                       gate_params=True),
         _attention_target(), _kvcache_target(), _hrm_target(), _conv_target(), _conv_update_target(),
         _norm_target(gated=False), _norm_target(gated=True),
+        _l2_norm_target(),
     ]
     from lamina.fuzz.bad_layers import layer_targets
     from lamina.fuzz.bad_models import model_targets
