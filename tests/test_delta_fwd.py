@@ -32,7 +32,9 @@ def make_inputs(variant, B, T, H, HV, K, V, dtype=torch.float32, decay=(0.0, 1.0
     d, e, wr = VARIANTS[variant]
     q = torch.randn(B, T, H, K, generator=gen).to(dtype)
     k = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(k + key_overlap * torch.randn(H, K, generator=gen), dim=-1).to(dtype)
+    if key_overlap:  # drawn only then, so that every other case keeps its inputs
+        k = k + key_overlap * torch.randn(H, K, generator=gen)
+    k = torch.nn.functional.normalize(k, dim=-1).to(dtype)
     v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
     lo, hi = decay
     g = None
