@@ -329,18 +329,22 @@ def _delta_chunk_prep_fwd_kernel(
     NS: tl.constexpr = BT // SOLVE_BLOCK
     same = (o_t // SOLVE_BLOCK)[:, None] == (o_t // SOLVE_BLOCK)[None, :]
     b_Lbd = tl.where(same, b_L, 0.0)
-    # D^-1 by forward substitution inside every diagonal block at once: step j forms row j of every
-    # block, D^-1[j] = e_j - sum_{c < j} L[j, c] D^-1[c]. coef[c] = L[row j of c's block, c] comes out
-    # of a column sum and is used down the rows, a layout change of one [BT] vector per step. Not built
-    # transposed and turned with tl.trans: the transpose of a tile in a product's layout, stored to shared
-    # memory for the next product (TTGIR: local_alloc of a #linear tensor), is what Triton 3.4-3.6
-    # miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way).
+    # D^-1 by elimination inside every diagonal block at once, column by column: after step c, row c of
+    # every block is final, and every later row r of its block takes L[r, c] times it off,
+    # X[r] -= L[r, c] X[c] (the rows of (I + L) X = I). The column of L comes out of a row sum and the row of
+    # X out of a column sum, each used along the axis its sum leaves it on: no layout change per step.
+    # Row by row instead (X[j] = e_j - sum_{c < j} L[j, c] X[c]), the coefficients came out of a column sum
+    # and were used down the rows: a layout change of a [BT] vector per step, and with 16-row blocks the
+    # sm_90 prep spilled 243-393 STL (static report, Triton 3.6 and 3.9). Not built transposed and turned
+    # with tl.trans either: the transpose of a tile in a product's layout, stored to shared memory for
+    # the next product (TTGIR: local_alloc of a #linear tensor), is what Triton 3.4-3.6 miscompiles on
+    # Hopper (fla issue #640: wrong gradients; fla routes around it the same way).
     b_Di = eye
-    for j in range(1, SOLVE_BLOCK):
-        row_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + j
-        coef = tl.sum(tl.where(o_t[:, None] == row_of[None, :], b_Lbd, 0.0), 0)
-        vals = -tl.sum(coef[:, None] * b_Di, 0)
-        b_Di = tl.where(o_t[:, None] == row_of[None, :], vals[None, :] + eye, b_Di)
+    for c in range(0, SOLVE_BLOCK - 1):
+        col_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + c
+        l_col = tl.sum(tl.where(o_t[None, :] == col_of[:, None], b_Lbd, 0.0), 1)
+        x_row = tl.sum(tl.where(o_t[:, None] == col_of[None, :], b_Di, 0.0), 0)
+        b_Di -= tl.where(same, l_col[:, None] * x_row[None, :], 0.0)
     if NS == 1:
         b_A = b_Di
     else:
