@@ -50,7 +50,6 @@ from lamina.kernels.delta_chunk_common import (
     SUB_BLOCK_C,
     DecayKind,
     GateInput,
-    GateKind,
     _col_ptrs,
     _load_state,
     _masked_exp,
@@ -88,10 +87,10 @@ PREP_BLOCK_K_FP32 = {DecayKind.NONE: 32, DecayKind.SCALAR: 32, DecayKind.CHANNEL
 # to 254-255 registers without spills at 16 (K = 64 to 512). Per-channel decay spilled 8-10 STL at 16 until
 # its sub-block loop was rolled (see _gram_key_block).
 PREP_BLOCK_K_FP32_MMA_SYNC = 16
-# The fp32 V tile on those targets with a per-channel write gate (GDN-2), whose U = A Z loop loads a
-# [BT, BV] gate tile next to Z. Static report, sm_80, Triton 3.9, K = 128 and 512: GDN-2 3 STL at
-# PREP_BLOCK_V, none at 16; KDA (a scalar write gate) none at PREP_BLOCK_V and 1 STL at 16, so it keeps it.
-PREP_BLOCK_V_FP32_MMA_SYNC_CHANNEL_WRITE = 16
+# The fp32 V tile on those targets. Static report, sm_80, K = 64 to 512, Triton 3.6 and 3.9, with the solve by
+# column elimination: at PREP_BLOCK_V, GDN-2 (a per-channel write gate, whose U = A Z loop loads a [BT, BV] gate
+# tile next to Z) spilled 92-98 STL and DeltaNet, GDN and KDA 0-3 (255 registers); at 16 none does (253-255).
+PREP_BLOCK_V_FP32_MMA_SYNC = 16
 
 
 def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
@@ -106,12 +105,11 @@ def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool 
     return bk, k_pad // bk
 
 
-def prep_value_block(V: int, write: int, fp32: bool = False, warpgroup_mma: bool = True) -> int:
-    """BV of the preparation kernel's U = A Z loop for value dim ``V`` and write-gate kind ``write``
-    (``GateKind``), for fp32 or 16-bit activations, on a target with or without warpgroup products."""
-    narrow = fp32 and not warpgroup_mma and write == GateKind.CHANNEL
-    return min(PREP_BLOCK_V_FP32_MMA_SYNC_CHANNEL_WRITE if narrow else PREP_BLOCK_V,
-               max(next_power_of_2(V), MIN_BLOCK))
+def prep_value_block(V: int, fp32: bool = False, warpgroup_mma: bool = True) -> int:
+    """BV of the preparation kernel's U = A Z loop for value dim ``V``, for fp32 or 16-bit activations, on a
+    target with or without warpgroup products."""
+    narrow = fp32 and not warpgroup_mma
+    return min(PREP_BLOCK_V_FP32_MMA_SYNC if narrow else PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
 
 
 class ScanTiles(NamedTuple):
@@ -160,10 +158,10 @@ def scan_tiles(K: int, V: int, fp32: bool, warpgroup_mma: bool, tuning: DeltaTun
 
 
 # Diagonal block of the triangular solve (see the kernel), the default of ``DeltaTuning.solve_block``
-# (``delta_tuning(solve_block=16)`` picks another per call). 64 (= the chunk): forward substitution
-# over all rows in fp32, no matrix products; 16: four 16-row substitutions merged with four
-# 64x64 fp32 products, which at tf32x3 spilled on sm_80 (static report), so the full
-# substitution is the default.
+# (``delta_tuning(solve_block=16)`` picks another per call). 64 (= the chunk): elimination over all
+# rows in fp32, no matrix products; 16: four 16-row eliminations merged with four 64x64 fp32 products,
+# which at tf32x3 spilled on sm_80 (static report), so the full elimination is the default until a GPU
+# sweep times the two.
 SOLVE_BLOCK = DeltaTuning().solve_block
 
 
@@ -223,6 +221,35 @@ def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t
         b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
         b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
     return b_L, b_Aqk
+
+
+@triton.jit
+def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
+    """``(I + L)^-1`` inside every ``BLOCK``-row diagonal block of a strictly lower triangular ``[BT, BT]``
+    fp32 tile ``L`` (``BLOCK = BT``: the whole inverse; entries of ``L`` outside those blocks are not read), by
+    elimination column by column: after step ``c``, row ``c`` of every block of ``X`` is final, and each
+    later row ``r`` of its block takes ``L[r, c]`` times it off, ``X[r] -= L[r, c] X[c]`` (the rows of
+    ``(I + L) X = I``). Columns ``0 .. n_cols - 1`` of each block are eliminated (``BLOCK - 1``: all of them).
+
+    The column of ``L`` comes out of a row sum and the row of ``X`` out of a column sum, each used along the
+    axis its sum leaves it on: no layout change per step. Row by row instead (``X[j] = e_j - sum_{c < j}
+    L[j, c] X[c]``, as the backward's ``unit_lower_inverse`` does), the coefficients came out of a column sum
+    and were used down the rows, a layout change of a ``[BT]`` vector per step: with 16-row blocks this
+    kernel spilled 243-393 STL on sm_90 (static report, Triton 3.6 and 3.9). The backward keeps its rows:
+    with this elimination its prep kernel went from 187 registers to 255 and 3-4 STL for GDN bf16/fp16 at
+    K = 512 on sm_80 (Triton 3.6 and 3.9), for no change of its TTGIR outside the loop. Not built transposed
+    and turned with ``tl.trans`` either: the transpose of a tile in a product's layout, stored to shared
+    memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what Triton 3.4-3.6
+    miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
+    first = (o_t // BLOCK) * BLOCK
+    same = first[:, None] == first[None, :]
+    X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    for c in range(0, n_cols):
+        col = first + c
+        l_col = tl.sum(tl.where(o_t[None, :] == col[:, None], L, 0.0), 1)
+        x_row = tl.sum(tl.where(o_t[:, None] == col[None, :], X, 0.0), 0)
+        X -= tl.where(same, l_col[:, None] * x_row[None, :], 0.0)
+    return X
 
 
 @triton.jit
@@ -324,27 +351,11 @@ def _delta_chunk_prep_fwd_kernel(
     # -- A = (I + L)^-1 -------------------------------------------------------------------------
     # Block form with SOLVE_BLOCK-row diagonal blocks: D = blockdiag(I + L), N the strictly
     # block-lower rest; (I + L)^-1 = (I + M)^-1 D^-1 with M = D^-1 N nilpotent (M^NS = 0), so
-    # (I + M)^-1 = I - M (NS = 2) or (I - M)(I + M^2) (NS = 4). SOLVE_BLOCK = BT is plain
-    # forward substitution in fp32 (no products).
+    # (I + M)^-1 = I - M (NS = 2) or (I - M)(I + M^2) (NS = 4). SOLVE_BLOCK = BT is the plain
+    # elimination in fp32 of _block_unit_lower_inverse (no products).
     NS: tl.constexpr = BT // SOLVE_BLOCK
     same = (o_t // SOLVE_BLOCK)[:, None] == (o_t // SOLVE_BLOCK)[None, :]
-    b_Lbd = tl.where(same, b_L, 0.0)
-    # D^-1 by elimination inside every diagonal block at once, column by column: after step c, row c of
-    # every block is final, and every later row r of its block takes L[r, c] times it off,
-    # X[r] -= L[r, c] X[c] (the rows of (I + L) X = I). The column of L comes out of a row sum and the row of
-    # X out of a column sum, each used along the axis its sum leaves it on: no layout change per step.
-    # Row by row instead (X[j] = e_j - sum_{c < j} L[j, c] X[c]), the coefficients came out of a column sum
-    # and were used down the rows: a layout change of a [BT] vector per step, and with 16-row blocks the
-    # sm_90 prep spilled 243-393 STL (static report, Triton 3.6 and 3.9). Not built transposed and turned
-    # with tl.trans either: the transpose of a tile in a product's layout, stored to shared memory for
-    # the next product (TTGIR: local_alloc of a #linear tensor), is what Triton 3.4-3.6 miscompiles on
-    # Hopper (fla issue #640: wrong gradients; fla routes around it the same way).
-    b_Di = eye
-    for c in range(0, SOLVE_BLOCK - 1):
-        col_of = (o_t // SOLVE_BLOCK) * SOLVE_BLOCK + c
-        l_col = tl.sum(tl.where(o_t[None, :] == col_of[:, None], b_Lbd, 0.0), 1)
-        x_row = tl.sum(tl.where(o_t[:, None] == col_of[None, :], b_Di, 0.0), 0)
-        b_Di -= tl.where(same, l_col[:, None] * x_row[None, :], 0.0)
+    b_Di = _block_unit_lower_inverse(b_L, o_t, SOLVE_BLOCK - 1, SOLVE_BLOCK)
     if NS == 1:
         b_A = b_Di
     else:
@@ -685,7 +696,7 @@ def delta_chunk_fwd(
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale=scale, T=T, NT=index.per_sequence,
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
-            BV=prep_value_block(V, flags["WRITE"], fp32=fp32, warpgroup_mma=warpgroup_mma),
+            BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             BK=BKP, NK=NKP, **common)
     tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())

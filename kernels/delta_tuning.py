@@ -3,9 +3,9 @@
 A ``DeltaTuning`` holds the choices that change how the kernels compute, never what (every choice is
 tested against the float64 reference under the interpreter):
 
-* ``solve_block``: the forward's unit-triangular solve. 64 (the chunk): forward substitution over all
-  rows in fp32 on CUDA cores, the default; 16 or 32: substitution inside 16- or 32-row diagonal
-  blocks, merged with tensor-core products (``kernels/delta_chunk_fwd.py``).
+* ``solve_block``: the forward's unit-triangular solve. 64 (the chunk): elimination over all rows in fp32
+  on CUDA cores, the default; 16 or 32: elimination inside 16- or 32-row diagonal blocks, merged with
+  tensor-core products (``kernels/delta_chunk_fwd.py``, ``_block_unit_lower_inverse``).
 * ``output_kernel``: the forward's output. False: computed inside the sequential state pass (the
   default); True: the state pass saves each chunk's start state and writes, and a separate kernel computes
   every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).

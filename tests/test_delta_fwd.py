@@ -273,7 +273,7 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
 @pytest.mark.parametrize("solve_block", [16, 32, 64])
 def test_triangular_solves_with_overlapping_keys(solve_block):
     """Keys at cosine ~0.9 and slow decay: L's high powers are far from zero, so each solve must be exact to the
-    last term (the blocked solve's series up to Lbd^(solve_block - 1); 64 is the default substitution)."""
+    last term (the blocked solve's series up to Lbd^(solve_block - 1); 64 is the default elimination)."""
     from lamina.kernels.delta_tuning import delta_tuning
 
     with delta_tuning(solve_block=solve_block):
@@ -286,7 +286,7 @@ def test_triangular_solves_with_overlapping_keys(solve_block):
                          ids=["fp32-sm90", "fp32-sm80", "bf16"])
 def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
     """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; narrower still
-    on targets without warpgroup products, where GDN-2's V tile narrows too), 16-bit ones the wider blocks
+    on targets without warpgroup products, where the V tile narrows too), 16-bit ones the wider blocks
     (unrolled); each gives the reference's results over several key blocks."""
     import lamina.kernels.delta_chunk_fwd as fwd
     from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32, PREP_BLOCK_K_FP32_MMA_SYNC
@@ -298,8 +298,8 @@ def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
         want = PREP_BLOCK_K[VARIANTS[variant][0]]
     else:
         want = PREP_BLOCK_K_FP32[VARIANTS[variant][0]] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
-    # V = 32: GDN-2's per-channel write gate narrows the fp32 V tile to 16 without warpgroup products
-    want_bv = 16 if variant == "gdn2" and dtype == torch.float32 and not warpgroup_mma else 32
+    # V = 32: the fp32 V tile narrows to 16 without warpgroup products
+    want_bv = 16 if dtype == torch.float32 and not warpgroup_mma else 32
     assert launched == [(want, 128 // want, want_bv)] and 128 // want > 1
 
 
