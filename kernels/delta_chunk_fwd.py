@@ -160,8 +160,8 @@ def scan_tiles(K: int, V: int, fp32: bool, warpgroup_mma: bool, tuning: DeltaTun
 # Diagonal block of the triangular solve (see the kernel), the default of ``DeltaTuning.solve_block``
 # (``delta_tuning(solve_block=16)`` picks another per call). 64 (= the chunk): elimination over all
 # rows in fp32, no matrix products; 16: four 16-row eliminations merged with four 64x64 fp32 products,
-# which at tf32x3 spilled on sm_80 (static report), so the full elimination is the default until a GPU
-# sweep times the two.
+# which at tf32x3 spilled on sm_80 (static report, with the earlier row substitution; the alternatives are
+# compiled for sm_90 only now), so the full elimination is the default until a GPU sweep times the two.
 SOLVE_BLOCK = DeltaTuning().solve_block
 
 
@@ -234,10 +234,11 @@ def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
     The column of ``L`` comes out of a row sum and the row of ``X`` out of a column sum, each used along the
     axis its sum leaves it on: no layout change per step. Row by row instead (``X[j] = e_j - sum_{c < j}
     L[j, c] X[c]``, as the backward's ``unit_lower_inverse`` does), the coefficients came out of a column sum
-    and were used down the rows, a layout change of a ``[BT]`` vector per step: with 16-row blocks this
-    kernel spilled 243-393 STL on sm_90 (static report, Triton 3.6 and 3.9). The backward keeps its rows:
-    with this elimination its prep kernel went from 187 registers to 255 and 3-4 STL for GDN bf16/fp16 at
-    K = 512 on sm_80 (Triton 3.6 and 3.9), for no change of its TTGIR outside the loop. Not built transposed
+    and were used down the rows, a layout change of a ``[BT]`` vector per step: with 16- and 32-row blocks
+    this kernel spilled on sm_90 (static report: 243-393 STL under Triton 3.9, 230-264 under 3.6). The
+    backward keeps its rows: with this elimination its prep kernel went from 187 registers to 255 and 3-4 STL
+    for GDN bf16/fp16 at K = 512 on sm_80 (Triton 3.6 and 3.9), for no change of its TTGIR outside the loop.
+    Not built transposed
     and turned with ``tl.trans`` either: the transpose of a tile in a product's layout, stored to shared
     memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what Triton 3.4-3.6
     miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
