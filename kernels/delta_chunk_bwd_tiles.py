@@ -38,10 +38,12 @@ PER_CHANNEL_BLOCK_K = 32
 # a thread carries what it would with 4 warps. sm_80, bf16, K = 128: BK = 32 spilled (scalar decay
 # 8 STL, KDA 1 STL), BK = 16 compiled to 128-194 registers without spills for all four variants.
 MMA_SYNC_DQK_BLOCK_K = 16
-# V block of the prep kernel on targets without warpgroup products for K > MMA_SYNC_WIDE_PREP_K: sm_80,
-# GDN, K = 512 spilled at 64 (255 registers, 5 STL; 0 at K = 256) and compiled to 185 registers at 32.
-MMA_SYNC_WIDE_PREP_BLOCK_V = 32
-MMA_SYNC_WIDE_PREP_K = 256
+# V block of the prep kernel on targets without warpgroup products (its V loop runs inside each program, so
+# a narrower block means more iterations, not more programs). Static report, sm_80, 16-bit: at CHUNK_BLOCK
+# GDN K = 512 spilled 5 STL, and DeltaNet and GDN sat at 255 registers at K = 64 and 256, where GDN bf16 K = 64
+# spilled 1 STL under Triton 3.6; at 32 every variant compiles without spills for K = 64 to 512 under 3.6
+# and 3.9 (173-208 registers, GDN K = 64 240-255).
+MMA_SYNC_PREP_BLOCK_V = 32
 # V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
 # of two or three products at once; 16 columns keep them small next to the accumulators.
 DQK_BLOCK_V = 16
@@ -132,9 +134,8 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
     padding; the in-memory scan's with per-channel decay at ``MEMORY_SCAN_CHANNEL_MAX_BV``), and so does its
     ``dh_in_memory`` (dH stays in memory where the registers cannot hold it)."""
     bk_chunk = _pow2_block(K, PER_CHANNEL_BLOCK_K if decay == DecayKind.CHANNEL else CHUNK_BLOCK)
-    wide_mma_sync = not warpgroup_mma and K > MMA_SYNC_WIDE_PREP_K
     tiles = BwdTiles(
-        prep_bk=bk_chunk, prep_bv=_pow2_block(V, MMA_SYNC_WIDE_PREP_BLOCK_V if wide_mma_sync else CHUNK_BLOCK),
+        prep_bk=bk_chunk, prep_bv=_pow2_block(V, CHUNK_BLOCK if warpgroup_mma else MMA_SYNC_PREP_BLOCK_V),
         scan_bk=_pow2_block(K, CHUNK_BLOCK), scan_bv=scan_block_v(K, V), dh_in_memory=K > MAX_REGISTER_SCAN_K,
         dqk_bk=bk_chunk if warpgroup_mma else _pow2_block(K, MMA_SYNC_DQK_BLOCK_K), dqk_bv=_pow2_block(V, DQK_BLOCK_V),
         dqk_regram=decay != DecayKind.CHANNEL and warpgroup_mma,

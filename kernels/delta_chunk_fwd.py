@@ -21,8 +21,8 @@ Two launches:
    ``L`` and ``Aqk`` (with channel-wise decay: exponents relative to a row inside the same
    16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
 2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
-   chunks in order with ``S`` in registers (or, for fp32 activations, in the final-state buffer one
-   key block at a time: ``scan_tiles``), writes ``O`` directly (the state pass and the output are
+   chunks in order with ``S`` in registers (or, for fp32 activations and for K > 256 on targets
+   without warpgroup products, in the final-state buffer one key block at a time: ``scan_tiles``), writes ``O`` directly (the state pass and the output are
    one sweep; ``V_new`` never goes through memory) and stores the chunk-start states ``h`` for the
    backward.
 
@@ -140,13 +140,21 @@ def memory_key_blocks(K: int, fp32: bool) -> tuple[int, int]:
     return bk, k_pad // bk
 
 
+# Widest key dim whose 16-bit state pass keeps the state in registers on targets without warpgroup products.
+# Static report, sm_80, K = 512 (four 128-row blocks, BV = 16): KDA and GDN-2 spilled 1 STL under Triton 3.9
+# and GDN, KDA and GDN-2 under 3.6 (255 registers); with the state in memory every variant compiles to
+# 196-233 registers without spills under both. sm_90 keeps registers at K = 512 (no spills there).
+MMA_SYNC_REGISTER_STATE_MAX_K = 256
+
+
 def scan_tiles(K: int, V: int, fp32: bool, warpgroup_mma: bool, tuning: DeltaTuning | None = None) -> ScanTiles:
     """The state pass's blocks for key dim ``K``, value dim ``V``, fp32 activations (``fp32``) or 16-bit ones,
     on a target with or without warpgroup products (``has_warpgroup_mma``): used by the launcher and the
     static report alike. fp32 keeps the state in memory: in registers it spilled on sm_90 at every K
-    (static report: 2-69 STL up to K = 256, 417-489 at K = 512). ``tuning.state_in_memory``, where set,
+    (static report: 2-69 STL up to K = 256, 417-489 at K = 512); so does 16-bit above
+    ``MMA_SYNC_REGISTER_STATE_MAX_K`` without warpgroup products. ``tuning.state_in_memory``, where set,
     replaces that choice (the registers hold at most four key blocks, so K = 512 fp32 stays in memory)."""
-    in_memory = fp32
+    in_memory = fp32 or (not warpgroup_mma and K > MMA_SYNC_REGISTER_STATE_MAX_K)
     if tuning is not None and tuning.state_in_memory is not None:
         in_memory = tuning.state_in_memory
     if not in_memory:
@@ -467,11 +475,11 @@ def _delta_chunk_scan_fwd_kernel(
 ):
     # The state is held as a tuple of NK (at most four) [BK, BV] row blocks of the [K, BV] column block,
     # each chunk's loops over it unrolled (static_range), so every block stays in registers.
-    # STATE_IN_MEMORY (fp32 by default, see ``scan_tiles``): it lives in ``ht`` instead (float32
-    # [N, HV, K, V], holding the initial state or zeros from the launcher, the final state at the end), and
-    # each chunk loops over its key blocks twice, reading S for the output and the writes, then updating it;
-    # what this program stores there only it reads back (its V columns). USE_INITIAL_STATE and
-    # STORE_FINAL_STATE then have no effect.
+    # STATE_IN_MEMORY (fp32, and 16-bit past K = 256 without warpgroup products; see ``scan_tiles``): it
+    # lives in ``ht`` instead (float32 [N, HV, K, V], holding the initial state or zeros from the launcher,
+    # the final state at the end), and each chunk loops over its key blocks twice, reading S for the output
+    # and the writes, then updating it; what this program stores there only it reads back (its V columns).
+    # USE_INITIAL_STATE and STORE_FINAL_STATE then have no effect.
     tl.static_assert(STATE_IN_MEMORY or NK <= 4, "the state pass holds at most four key blocks in registers")
     DT = wy.dtype.element_ty
     NV: tl.constexpr = (V + BV - 1) // BV

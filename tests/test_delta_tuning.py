@@ -10,6 +10,7 @@ from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case, rec
 from test_delta_ops import CALLS, HV, H, check_training_against_float64, rand
 
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
+from lamina.kernels.delta_chunk_fwd import scan_tiles
 from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
 
 # Value blocks other than the defaults of fp32 at V = 64, K = 64 (prep 32, scan 16, dqk 16). fp32 keeps dH in
@@ -73,6 +74,20 @@ def test_tiles_follow_the_tuning():
     assert bwd_tiles(256, 64, 1, True).dh_in_memory
     assert not bwd_tiles(256, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
+
+
+def test_tiles_without_warpgroup_products():
+    """On mma.sync targets (sm_80) the backward prep's V block is 32 at every K (64 with warpgroup products),
+    and the 16-bit state pass keeps its state in memory past K = 256 (in registers on Hopper; fp32 always in
+    memory): the choices that keep the sm_80 static report free of spills."""
+    for K in (64, 128, 256, 512):
+        for decay in (0, 1, 2):
+            assert (bwd_tiles(K, 128, decay, False).prep_bv, bwd_tiles(K, 128, decay, True).prep_bv) == (32, 64)
+        assert scan_tiles(K, 128, False, False).state_in_memory == (K > 256)
+        assert not scan_tiles(K, 128, False, True).state_in_memory
+        assert scan_tiles(K, 128, True, False).state_in_memory and scan_tiles(K, 128, True, True).state_in_memory
+    # an explicit choice still wins: the register form at K = 512 on request
+    assert not scan_tiles(512, 128, False, False, DeltaTuning(state_in_memory=False)).state_in_memory
     # a wider scan block is capped where the in-memory scan with per-channel decay spilled
     assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
