@@ -1,8 +1,8 @@
 """The dq/dk/db/dg kernel of the chunked delta-rule backward (kernel 3 of kernels/delta_chunk_bwd.py).
 
 One program per (chunk, qk head, K block): per value head, first the products with ``S0`` and ``dH`` over
-V blocks (the inter-chunk parts of ``dq``, ``dE``, ``dk``), then ``dP`` and ``dM`` over V blocks with their
-intra-chunk products added on, then ``db`` and ``dg``. The math is in the docstring of
+V blocks of ``BV`` (the inter-chunk parts of ``dq``, ``dE``, ``dk``), then ``dP`` and ``dM`` over V blocks of
+``GRAM_BV`` with their intra-chunk products added on, then ``db`` and ``dg``. The math is in the docstring of
 kernels/delta_chunk_bwd.py; the launcher and the static-report registration live there too.
 """
 
@@ -22,6 +22,7 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     row_of,
     rows_gram,
 )
+from lamina.kernels.delta_chunk_bwd_tiles import DQK_GRAM_BLOCK_V
 from lamina.kernels.delta_chunk_common import (
     ACT_NONE,
     DECAY_CHANNEL,
@@ -32,6 +33,9 @@ from lamina.kernels.delta_chunk_common import (
     gate_decay_grads,
     gate_params,
 )
+
+# the column step of the [BT, BT] grams over V (see DQK_GRAM_BLOCK_V)
+GRAM_BV = tl.constexpr(DQK_GRAM_BLOCK_V)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
@@ -57,6 +61,7 @@ def _delta_chunk_bwd_dqk_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_bv = tl.arange(0, BV)
+    o_gv = tl.arange(0, GRAM_BV)
     k0 = i_k * BK
     lower = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
@@ -119,8 +124,8 @@ def _delta_chunk_bwd_dqk_kernel(
         if DECAY == DECAY_CHANNEL or BY_COLUMN:
             # the two [BT, BT] grams before the chunk's q and k tiles are loaded: with the tiles loaded
             # first, KDA and GDN-2 fp32 spilled 2 and 4 STL on sm_80 under Triton 3.6 (static report)
-            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
-            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, DT, DOT_PRECISION)
+            dP = rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_gv, V, DT, DOT_PRECISION)
+            dM = rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_gv, V, DT, DOT_PRECISION)
         q_in = load_tile(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         k_in = load_tile(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         q_t = q_in.to(tl.float32)
@@ -143,19 +148,19 @@ def _delta_chunk_bwd_dqk_kernel(
             # transposes that dk takes are grams of their own, U dO^T and U dR^T (masked above the diagonal),
             # formed after dq's and dE's products, instead of tl.trans of dP and dM.
             k_c = k_in.to(DT)
-            dP = masked_rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, G, lower, DECAY, DT,
+            dP = masked_rows_gram(do, U_buf, t0, L, HV * V, val_head, o_t, o_gv, V, G, lower, DECAY, DT,
                                   DOT_PRECISION) * scale
             dq_h = tl.dot(dP.to(DT), k_c, dq_h, input_precision=DOT_PRECISION)
             if not REGRAM:
                 dk_h = tl.dot(tl.trans(dP.to(DT)), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
-            dM = -masked_rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_bv, V, G, strict, DECAY, DT,
+            dM = -masked_rows_gram(dR_buf, U_buf, t0, L, HV * V, val_head, o_t, o_gv, V, G, strict, DECAY, DT,
                                    DOT_PRECISION)
             de_h = tl.dot(dM.to(DT), k_c, de_h, input_precision=DOT_PRECISION)
             if REGRAM:
-                dP_T = masked_rows_gram(U_buf, do, t0, L, HV * V, val_head, o_t, o_bv, V, -G, upper, DECAY, DT,
+                dP_T = masked_rows_gram(U_buf, do, t0, L, HV * V, val_head, o_t, o_gv, V, -G, upper, DECAY, DT,
                                         DOT_PRECISION) * scale
                 dk_h = tl.dot(dP_T.to(DT), q_in.to(DT), dk_h, input_precision=DOT_PRECISION)
-                dM_T = -masked_rows_gram(U_buf, dR_buf, t0, L, HV * V, val_head, o_t, o_bv, V, -G, strict_upper,
+                dM_T = -masked_rows_gram(U_buf, dR_buf, t0, L, HV * V, val_head, o_t, o_gv, V, -G, strict_upper,
                                          DECAY, DT, DOT_PRECISION)
                 dk_h = tl.dot(dM_T.to(DT), e_t.to(DT), dk_h, input_precision=DOT_PRECISION)
             else:

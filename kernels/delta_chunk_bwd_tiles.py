@@ -44,9 +44,15 @@ MMA_SYNC_DQK_BLOCK_K = 16
 # spilled 1 STL under Triton 3.6; at 32 every variant compiles without spills for K = 64 to 512 under 3.6
 # and 3.9 (173-208 registers, GDN K = 64 240-255).
 MMA_SYNC_PREP_BLOCK_V = 32
-# V block of the dqk kernel's passes over V: the tiles of dO, U and dR it loads per step are operands
-# of two or three products at once; 16 columns keep them small next to the accumulators.
+# V block of the dqk kernel's products with S0 and dH (``dqk_bv``): the tiles of dO, U and dR it loads per
+# step are operands of two or three products at once; 16 columns keep them small next to the accumulators.
 DQK_BLOCK_V = 16
+# Column step of the dqk kernel's [BT, BT] grams over V (dP, dM and their transposes), whatever ``dqk_bv``:
+# each step's tiles are operands next to the gram's accumulator, the decay tile and the three [BT, BK]
+# gradients. Static report, sm_90, Triton 3.9, GDN bf16/fp16 K = 256: with the grams at dqk_bv = 32 the
+# alternative spilled 4 STL (255 registers); at 16 it compiles to 242 registers without spills, and the
+# default rows (dqk_bv = 16) do not change.
+DQK_GRAM_BLOCK_V = 16
 # Element budget of the scan's dH [K, BV] in registers, which fixes BV from K: sm_90 compiles of
 # K = 128 spilled ~100-300 registers at BV = 32-64 and fit at BV = 16.
 SCAN_TILE_ELEMENTS = 2048

@@ -10,12 +10,14 @@ tested against the float64 reference under the interpreter):
   default); True: the state pass saves each chunk's start state and writes, and a separate kernel computes
   every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
-  >= 16); None keeps ``bwd_tiles``'s choice for the shape and target.
+  >= 16; the dqk kernel's is that of its products with S0 and dH, its grams over V step by 16 columns);
+  None keeps ``bwd_tiles``'s choice for the shape and target.
 * ``dh_in_memory``: where the backward's reverse scan keeps dH. None: ``bwd_tiles``'s choice (registers up
   to K = 128, memory above); True: in memory at every K (fewer live registers, two more reads and a write
   of each key block per chunk); False: in registers where they can hold it (K <= 256).
 * ``state_in_memory``: where the forward's state pass keeps the state. None: ``scan_tiles``'s choice
-  (memory for fp32 activations, registers for 16-bit ones); True: in memory (two reads and a write of
+  (memory for fp32 activations; registers for 16-bit ones, but memory past K = 256 on targets without
+  warpgroup products); True: in memory (two reads and a write of
   each key block per chunk, narrower key blocks); False: in registers (at most four key blocks).
 * ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
   ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values). False: the forward's state pass saves
