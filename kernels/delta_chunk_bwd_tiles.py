@@ -42,7 +42,7 @@ MMA_SYNC_DQK_BLOCK_K = 16
 # a narrower block means more iterations, not more programs). Static report, sm_80, 16-bit: at CHUNK_BLOCK
 # GDN K = 512 spilled 5 STL, and DeltaNet and GDN sat at 255 registers at K = 64 and 256, where GDN bf16 K = 64
 # spilled 1 STL under Triton 3.6; at 32 every variant compiles without spills for K = 64 to 512 under 3.6
-# and 3.9 (173-208 registers, GDN K = 64 240-255).
+# and 3.9 (173-212 registers, GDN K = 64 240-255).
 MMA_SYNC_PREP_BLOCK_V = 32
 # V block of the dqk kernel's products with S0 and dH (``dqk_bv``): the tiles of dO, U and dR it loads per
 # step are operands of two or three products at once; 16 columns keep them small next to the accumulators.

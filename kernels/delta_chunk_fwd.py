@@ -22,9 +22,9 @@ Two launches:
    16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
 2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
    chunks in order with ``S`` in registers (or, for fp32 activations and for K > 256 on targets
-   without warpgroup products, in the final-state buffer one key block at a time: ``scan_tiles``), writes ``O`` directly (the state pass and the output are
-   one sweep; ``V_new`` never goes through memory) and stores the chunk-start states ``h`` for the
-   backward.
+   without warpgroup products, in the final-state buffer one key block at a time: ``scan_tiles``),
+   writes ``O`` directly (the state pass and the output are one sweep; ``V_new`` never goes through
+   memory) and stores the chunk-start states ``h`` for the backward.
 
 The token-by-token twin for decoding is kernels/delta_recurrent_fwd.py.
 """
