@@ -246,10 +246,9 @@ def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
     this kernel spilled on sm_90 (static report: 243-393 STL under Triton 3.9, 230-264 under 3.6). The
     backward keeps its rows: with this elimination its prep kernel went from 187 registers to 255 and 3-4 STL
     for GDN bf16/fp16 at K = 512 on sm_80 (Triton 3.6 and 3.9), for no change of its TTGIR outside the loop.
-    Not built transposed
-    and turned with ``tl.trans`` either: the transpose of a tile in a product's layout, stored to shared
-    memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what Triton 3.4-3.6
-    miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
+    Not built transposed and turned with ``tl.trans`` either: the transpose of a tile in a product's layout,
+    stored to shared memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what
+    Triton 3.4-3.6 miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
     first = (o_t // BLOCK) * BLOCK
     same = first[:, None] == first[None, :]
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)

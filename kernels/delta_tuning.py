@@ -17,8 +17,8 @@ tested against the float64 reference under the interpreter):
   of each key block per chunk); False: in registers where they can hold it (K <= 256).
 * ``state_in_memory``: where the forward's state pass keeps the state. None: ``scan_tiles``'s choice
   (memory for fp32 activations; registers for 16-bit ones, but memory past K = 256 on targets without
-  warpgroup products); True: in memory (two reads and a write of
-  each key block per chunk, narrower key blocks); False: in registers (at most four key blocks).
+  warpgroup products); True: in memory (two reads and a write of each key block per chunk, narrower key
+  blocks); False: in registers (at most four key blocks).
 * ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
   ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values). False: the forward's state pass saves
   them for the backward (the default); True: it saves nothing of them and the backward runs the chunked

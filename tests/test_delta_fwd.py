@@ -399,8 +399,8 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
 @pytest.mark.parametrize("in_memory", [False, True], ids=["registers", "memory"])
 def test_state_pass_at_keys_of_512(monkeypatch, in_memory):
     """bf16 at K = 512: four 128-row register blocks (Hopper's default) or eight 64-row blocks in memory (the
-    default without warpgroup products), each chosen explicitly, against
-    the reference over two chunks with an initial state."""
+    default without warpgroup products), each chosen explicitly, against the reference over two chunks with
+    an initial state."""
     from lamina.kernels.delta_tuning import delta_tuning
 
     launched = spy_launches(monkeypatch, "_scan_fwd", "STATE_IN_MEMORY", "NK")

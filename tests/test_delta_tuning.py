@@ -74,6 +74,9 @@ def test_tiles_follow_the_tuning():
     assert bwd_tiles(256, 64, 1, True).dh_in_memory
     assert not bwd_tiles(256, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(dh_in_memory=False)).dh_in_memory
+    # a wider scan block is capped where the in-memory scan with per-channel decay spilled
+    assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
+    assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
 
 
 def test_tiles_without_warpgroup_products():
@@ -88,9 +91,6 @@ def test_tiles_without_warpgroup_products():
         assert scan_tiles(K, 128, True, False).state_in_memory and scan_tiles(K, 128, True, True).state_in_memory
     # an explicit choice still wins: the register form at K = 512 on request
     assert not scan_tiles(512, 128, False, False, DeltaTuning(state_in_memory=False)).state_in_memory
-    # a wider scan block is capped where the in-memory scan with per-channel decay spilled
-    assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
-    assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
 
 
 @pytest.mark.parametrize("warpgroup_mma", [True, False])
