@@ -42,6 +42,7 @@ SHAPES = {
     # name: (B, T, seqlens, chunk size); H = 1, HV = 2 (GVA) in every case.
     "chunk 3 does not divide T=8": (2, 8, None, 3),
     "T=1": (2, 1, None, 64),
+    "chunk 4 divides T=8": (2, 8, None, 4),  # equal lengths, whole chunks: steps are strided views
     "varlen [5, 1, 6], chunk 4": (1, 12, [5, 1, 6], 4),
 }
 H, HV, K, V = 1, 2, 4, 3
@@ -112,13 +113,19 @@ NO_GRAPH_SHAPES = {
 }
 
 
+@pytest.mark.parametrize("block_chunks", [None, 1, 5])
 @pytest.mark.parametrize("shape", list(NO_GRAPH_SHAPES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_chunk_torch_without_graph_matches_token_loop(variant, shape):
+def test_chunk_torch_without_graph_matches_token_loop(variant, shape, block_chunks, monkeypatch):
     """Inference (no graph): the chunk's explicit inverse, and the sequential pass writing into
     preallocated buffers instead of joining per-step tensors; sequences end at different steps, and one
-    is empty."""
+    is empty. The steps run in one block (None: the default size exceeds these shapes), or in blocks of
+    whole steps holding at most ``block_chunks`` chunks where a step allows (1: every step alone; 5: one
+    to several steps per block)."""
     B, T, seqlens, chunk_size = NO_GRAPH_SHAPES[shape]
+    if block_chunks is not None:
+        C = min(chunk_size, max(seqlens or [T]))
+        monkeypatch.setattr(delta_rule_cpu, "STEP_BLOCK_ELEMENTS", block_chunks * HV * C * max(K, V))
     leaves, cu_seqlens = make_leaves(variant, B, T, seqlens)
     args = dict(**family_args(leaves), output_final_state=True, cu_seqlens=cu_seqlens)
     with torch.no_grad():

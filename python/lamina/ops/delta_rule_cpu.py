@@ -7,7 +7,10 @@ cache-sized groups for the channel-decay scores) and is tested against the naive
 ``lamina.reference.delta_rule_family_recurrent_ref`` (tests/test_delta_rule_cpu.py), never used as it.
 Without a graph (inference: no input requires grad, or grad mode is off) it takes a path that
 autograd could not follow: the chunk's inverse built in place and the sequential pass writing into
-preallocated buffers (``out=`` and in-place products), the same map with fewer passes over memory.
+preallocated buffers (``out=`` and in-place products), the same map with fewer passes over memory; and it
+runs the steps in blocks (``STEP_BLOCK_ELEMENTS``), each taking its chunks from the inputs and writing its
+outputs, so that a call's temporaries stay a few MB whatever the sequence length (a block holds at
+least one step: the chunks of every sequence still running).
 
 Per sequence and value head the state ``S`` is ``[K, V]``; for each token ``t``::
 
@@ -21,11 +24,11 @@ final states the compute dtype. Every decay factor formed is ``exp(x)`` with ``x
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 
 from lamina.ops.delta_rule_core import DEFAULT_CHUNK_SIZE
 
@@ -33,6 +36,13 @@ from lamina.ops.delta_rule_core import DEFAULT_CHUNK_SIZE
 # dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
 # from ~40 ms to ~24 ms (one thread, T = 4096, H = 4) against one pass over all chunks.
 CACHE_BLOCK_ELEMENTS = 1 << 17
+# Elements per [chunks, HV, C, max(K, V)] temporary of one block of steps on the path without a graph
+# (inference), 1 MB in float32. Run in such blocks, a call's temporaries take a few MB instead of tens, which
+# glibc's default malloc keeps between calls rather than returning them and faulting them back in: forward,
+# fp32, H = 4, K = V = 64, 2 threads, fresh process, 20 calls, minor faults per call 2,528-7,136 -> 0 for
+# DeltaNet, GDN and KDA at 2x1024 and 1x4096. With freed memory kept (thresholds raised), blocks of 2^18 are as
+# fast as one block or faster (minimum DeltaNet 1x4096 15.2 -> 13.7 ms); 2^16 is slower (17.8 ms, more calls).
+STEP_BLOCK_ELEMENTS = 1 << 18
 # Rows per diagonal block of the chunk's unit lower-triangular inverse (``_unit_lower_chunk_inverse``).
 # Batched [16, 16] inverses and products are contiguous bmm calls at 110-190 GFLOP/s; the batched LAPACK
 # solve (torch.linalg.solve_triangular) runs one small trsm per matrix: 2.1 ms against 0.8-1.1 ms for a
@@ -45,43 +55,9 @@ def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _to_value_heads(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    erase: torch.Tensor | None,
-    write: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    scale: float | None,
-    N: int,
-) -> tuple[torch.Tensor, ...]:
-    """Cast to the compute dtype and repeat q/k heads over their value heads (GVA).
-
-    Returns ``q, k, z = w * v, e = b * k`` as ``[B, T, HV, K|V]``, the log decay as ``[B, T, HV, 1|K]``
-    or None, the initial state ``[N, HV, K, V]`` (zeros when None) and the query scale (a number:
-    the output's products apply it, so that q is not scaled in a pass of its own).
-    """
-    dtype = _compute_dtype(q, k, v, g, erase, write, initial_state)
-    H, K = q.shape[2], q.shape[3]
-    HV, V = v.shape[2], v.shape[3]
-    if scale is None:
-        scale = K**-0.5
-    if HV != H:
-        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-
-    def per_head(x: torch.Tensor | None) -> torch.Tensor | None:
-        """A gate as [B, T, HV, 1] (one per head) or [B, T, HV, width] (per channel)."""
-        if x is None:
-            return None
-        return x.to(dtype) if x.dim() == 4 else x.to(dtype).unsqueeze(-1)
-
-    g, erase, write = per_head(g), per_head(erase), per_head(write)
-    e = k if erase is None else erase * k
-    z = v if write is None else write * v
-    h0 = q.new_zeros(N, HV, K, V) if initial_state is None else initial_state.to(dtype)
-    return q, k, z, e, g, h0, scale
+def _per_head(x: torch.Tensor | None) -> torch.Tensor | None:
+    """A gate as a [B, T, HV, 1] view (one per head) or [B, T, HV, width] (per channel), or None."""
+    return x if x is None or x.dim() == 4 else x.unsqueeze(-1)
 
 
 class _ChunkLayout:
@@ -89,18 +65,19 @@ class _ChunkLayout:
 
     Sequences are ranked by chunk count (descending) and chunks stored step-major: all first
     chunks, then all second chunks, ... so that the sequences still running at step j are the
-    first ``active[j]`` ranks and their chunks the next ``active[j]`` in storage order.
+    first ``active[j]`` ranks and their chunks the ``active[j]`` from ``starts[j]`` in storage order.
+    ``to_chunks`` and ``to_tokens`` move any run of steps between the token and chunk layouts.
     """
 
-    def __init__(self, offsets: list[int], chunk_size: int, device: torch.device) -> None:
-        total = offsets[-1]
+    def __init__(self, offsets: list[int], chunk_size: int, heads: int, device: torch.device) -> None:
+        self.heads = heads
         lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
         counts = [math.ceil(n / chunk_size) for n in lengths]
         self.size = chunk_size
         self.sequences = len(lengths)
         self.order = sorted(range(len(lengths)), key=lambda n: -counts[n])
         self.reordered = self.order != list(range(len(lengths)))
-        # Equal lengths that are multiples of C (the usual non-varlen batch): a permutation suffices.
+        # Equal lengths that are multiples of C (the usual non-varlen batch): steps are strided views.
         self.uniform = len(set(lengths)) == 1 and lengths[0] % chunk_size == 0
         bos, lens, self.active = [], [], []
         for j in range(max(counts, default=0)):
@@ -108,29 +85,53 @@ class _ChunkLayout:
             self.active.append(len(running))
             bos += [offsets[n] + j * chunk_size for n in running]
             lens += [min(chunk_size, lengths[n] - j * chunk_size) for n in running]
-        self.chunks = len(bos)
+        self.starts = [0, *itertools.accumulate(self.active)]
         if self.uniform:
             return
         pos = torch.arange(chunk_size, device=device)
         bos_t = torch.tensor(bos, dtype=torch.long, device=device).reshape(-1, 1)
-        valid = pos < torch.tensor(lens, dtype=torch.long, device=device).reshape(-1, 1)
-        # Padding slots read row `total`, a zero row appended to every input.
-        self.gather = torch.where(valid, bos_t + pos, torch.full_like(bos_t, total))
-        self.scatter = torch.zeros(total, dtype=torch.long, device=device)
-        self.scatter[self.gather[valid]] = torch.arange(valid.numel(), device=device)[valid.flatten()]
+        self.valid = pos < torch.tensor(lens, dtype=torch.long, device=device).reshape(-1, 1)  # [NC, C]
+        # Padding slots read the chunk's first token; ``to_chunks`` zeroes them.
+        self.gather = torch.where(self.valid, bos_t + pos, bos_t)
+        # The valid slots (chunk * C + position) in storage order, their token rows, and where each chunk's
+        # start in them: fixed shapes per block, so that compiled graphs hold no data-dependent size.
+        self.slot_starts = [0, *itertools.accumulate(lens)]
+        lens_t = torch.tensor(lens, dtype=torch.long, device=device)
+        chunk = torch.repeat_interleave(torch.arange(len(bos), device=device), lens_t, output_size=offsets[-1])
+        within = torch.arange(offsets[-1], device=device) - (lens_t.cumsum(0) - lens_t)[chunk]
+        self.slots, self.tokens = chunk * chunk_size + within, bos_t.flatten()[chunk] + within
 
-    def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, HV, D] tokens -> [NC, HV, C, D] chunks, zero-padded, contiguous (every later op is faster)."""
-        if self.uniform:
-            return rearrange(x, "(n j c) h d -> (j n) h c d", n=self.sequences, c=self.size).contiguous()
-        padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])], dim=0)
-        return rearrange(padded[self.gather], "n c h d -> n h c d").contiguous()
+    def to_chunks(self, x: torch.Tensor, steps: range, dtype: torch.dtype) -> torch.Tensor:
+        """Steps ``steps`` of ``x`` [B, T, Hx, D] as [chunks, HV, C, D] in ``dtype``, zero-padded, contiguous.
 
-    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """[NC, HV, C, D] chunks -> [T, HV, D] tokens."""
+        ``HV`` is a multiple of ``Hx`` fixed by ``self.heads``: each of the ``Hx`` heads serves
+        ``HV // Hx`` value heads (GVA). Layout, cast and head repeat are one copy.
+        """
+        C, Hx, D = self.size, x.shape[2], x.shape[3]
+        first, stop = self.starts[steps.start], self.starts[steps.stop]
+        out = torch.empty(stop - first, self.heads, C, D, dtype=dtype, device=x.device)
+        if self.uniform:  # [steps, sequences, Hx, C, D]
+            src = x.reshape(self.sequences, -1, C, Hx, D)[:, steps.start : steps.stop].permute(1, 0, 3, 2, 4)
+        else:  # [chunks, Hx, C, D]
+            src = x.reshape(-1, Hx, D)[self.gather[first:stop]].transpose(1, 2)
+        target = out.view(*src.shape[:-3], Hx, self.heads // Hx, C, D)
+        target.copy_(src.unsqueeze(-3).expand_as(target))
+        if not self.uniform:
+            out.masked_fill_(~self.valid[first:stop, None, :, None], 0)
+        return out
+
+    def to_tokens(self, out: torch.Tensor, x: torch.Tensor, steps: range) -> None:
+        """Writes the chunks of steps ``steps``, ``x`` [chunks, HV, C, D], into their rows of ``out`` [B * T, HV, D]."""
         if self.uniform:
-            return rearrange(x, "(j n) h c d -> (n j c) h d", n=self.sequences)
-        return rearrange(x, "n h c d -> (n c) h d")[self.scatter]
+            C, HV, D = self.size, x.shape[1], x.shape[3]
+            rows = out.view(self.sequences, -1, C, HV, D)[:, steps.start : steps.stop]
+            rows.copy_(x.view(len(steps), self.sequences, HV, C, D).permute(1, 0, 3, 2, 4))
+            return
+        first, stop = self.starts[steps.start], self.starts[steps.stop]
+        valid = slice(self.slot_starts[first], self.slot_starts[stop])
+        rows = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])  # [chunks * C, HV, D]
+        rows = rows.index_select(0, self.slots[valid] - first * self.size)
+        out.index_copy_(0, self.tokens[valid], rows.to(out.dtype))
 
 
 def _causal_decayed_scores(
@@ -322,26 +323,83 @@ def delta_rule_family_chunk_torch(
     """
     out_dtype = v.dtype
     B, T, HV, V = v.shape
+    K = q.shape[3]
     offsets = cu_seqlens.tolist() if cu_seqlens is not None else [b * T for b in range(B + 1)]
     N = len(offsets) - 1
-    q, k, z, e, g, h0, scale = _to_value_heads(q, k, v, g, erase, write, initial_state, scale, N)
+    dtype = _compute_dtype(q, k, v, g, erase, write, initial_state)
+    scale = K**-0.5 if scale is None else scale
+    g, erase, write = _per_head(g), _per_head(erase), _per_head(write)
+    h0 = torch.zeros(N, HV, K, V, dtype=dtype, device=q.device) if initial_state is None else initial_state.to(dtype)
     # A chunk longer than every sequence only adds zero padding: the same chunks with less work
     # (T = 1, C = 64 fwd+bwd, B = 2, H = 4, K = V = 64: 26 ms -> 3.3 ms, one thread).
     longest = max([0] + [b - a for a, b in zip(offsets[:-1], offsets[1:])])
-    layout = _ChunkLayout(offsets, max(1, min(chunk_size, longest)), q.device)
-    if layout.chunks == 0:
-        o = z.new_zeros(B, T, HV, V)
-        empty = (o.to(out_dtype),) if output_v_new else ()
-        return (o.to(out_dtype), (h0 if output_final_state else None), *empty)
+    layout = _ChunkLayout(offsets, max(1, min(chunk_size, longest)), HV, q.device)
+    o = torch.empty(B * T, HV, V, dtype=out_dtype, device=v.device)
+    writes = torch.empty(B * T, HV, V, dtype=out_dtype, device=v.device) if output_v_new else None
+    # The chunk's solve and the sequential pass need a graph when any input of theirs needs a gradient (only
+    # q's does not). Without one (inference) they take the forms autograd could not follow (below), and the
+    # steps run in blocks whose temporaries stay small (``STEP_BLOCK_ELEMENTS``); with one, in one block.
+    graph = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (k, v, g, erase, write, initial_state)
+    )
+    order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
+    state = (h0.index_select(0, order) if layout.reordered else h0).flatten(0, 1)  # [N * HV, K, V], ranked
+    if not layout.active:
+        blocks = []
+    else:
+        blocks = [range(len(layout.active))] if graph else _step_blocks(layout, max(K, V))
+    for steps in blocks:
+        state = _chunk_steps(layout, steps, q, k, v, g, erase, write, state, scale, dtype, graph, o, writes)
+    final = None
+    if output_final_state:
+        final = state.unflatten(0, (N, HV))
+        if layout.reordered:
+            rank = torch.zeros(N, dtype=torch.long, device=h0.device)
+            rank[order] = torch.arange(N, device=h0.device)
+            final = final.index_select(0, rank)
+    return (o.view(B, T, HV, V), final, *(() if writes is None else (writes.view(B, T, HV, V),)))
 
-    flat = lambda x: layout.to_chunks(rearrange(x, "b t h d -> (b t) h d"))
-    q, k, z, e = flat(q), flat(k), flat(z), flat(e)  # [NC, HV, C, *]
+
+def _step_blocks(layout: _ChunkLayout, width: int) -> list[range]:
+    """Runs of whole steps whose [chunks, HV, C, max(K, V)] temporaries hold about ``STEP_BLOCK_ELEMENTS``."""
+    per_chunk = layout.heads * layout.size * width
+    blocks, first = [], 0
+    for j in range(1, len(layout.active) + 1):
+        if j == len(layout.active) or (layout.starts[j + 1] - layout.starts[first]) * per_chunk > STEP_BLOCK_ELEMENTS:
+            blocks.append(range(first, j))
+            first = j
+    return blocks
+
+
+def _chunk_steps(
+    layout: _ChunkLayout,
+    steps: range,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    erase: torch.Tensor | None,
+    write: torch.Tensor | None,
+    state: torch.Tensor,
+    scale: float,
+    dtype: torch.dtype,
+    graph: bool,
+    o: torch.Tensor,
+    writes: torch.Tensor | None,
+) -> torch.Tensor:
+    """Steps ``steps`` of the chunked form: writes their outputs (and writes) into the token rows of ``o``
+    (and ``writes``), [B * T, HV, V], and returns the state after them, [N * HV, K, V] in rank order."""
+    chunks = lambda x, dtype=dtype: None if x is None else layout.to_chunks(x, steps, dtype)
+    q, k, v = chunks(q), chunks(k), chunks(v)  # [chunks, HV, C, *]
+    e = k if erase is None else chunks(erase) * k
+    z = v if write is None else chunks(write) * v
+    V = v.shape[-1]
     # The in-chunk cumulative log decay in float64: at strong decay it reaches hundreds within a chunk,
     # where float32 rounds it to ~1e-5 absolute, and every exp(G_i - G_j) would carry that as relative
     # error (dg at g ~ -U(0, 20): RMS error ratio 1.4e-5 with float32 sums, 2.3e-7 with these).
     # Decays exp(G_i - G_j) take the float64 difference, rounded to the compute dtype before exp: a
     # relative error of 6e-8 |G_i - G_j| on a factor exp(G_i - G_j), and half the cost of a float64 exp.
-    G = None if g is None else flat(g).double().cumsum(dim=-2)  # [NC, HV, C, 1|K], padding adds no decay
+    G = None if g is None else chunks(g, torch.float64).cumsum(dim=-2)  # [chunks, HV, C, 1|K], padding: no decay
 
     qk, ek = _causal_decayed_scores((q, e), k, G)
     if G is None:
@@ -351,22 +409,20 @@ def delta_rule_family_chunk_torch(
         e_gamma, q_gamma = e * gamma, q * gamma
         G_last = G[..., -1:, :]
         k_tail = k * (G_last - G).to(k.dtype).exp_()
-        gamma_last = G_last.exp().to(q.dtype).transpose(-1, -2)  # [NC, HV, 1|K, 1]
+        gamma_last = G_last.exp().to(q.dtype).transpose(-1, -2)  # [chunks, HV, 1|K, 1]
     # The chunk's unit lower-triangular solve for both right-hand sides: with a graph by substitution, else
     # (inference) as products with the explicit inverse. Either reads only the strictly lower part of ek (its
     # diagonal is the b_i k_i . k_i of the scores and is ignored, and so is its gradient).
-    graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (ek, z, e_gamma, h0))
     if graph:
         U, Y = _unit_lower_solve(ek, torch.cat([z, e_gamma], dim=-1)).split([V, e.shape[-1]], dim=-1)
     else:
         A = _unit_lower_chunk_inverse(ek)
         U, Y = A @ z, A @ e_gamma
 
-    order = torch.tensor(layout.order, dtype=torch.long, device=h0.device)
     # The sequential pass on [sequences * HV, *, *] batches (baddbmm fuses each product with its sum). Step j
     # reads the rows of its active sequences, each operand split into its steps by one call.
-    state = (h0.index_select(0, order) if layout.reordered else h0).flatten(0, 1)
-    rows = [active * HV for active in layout.active]
+    HV = layout.heads
+    rows = [active * HV for active in layout.active[steps.start : steps.stop]]
     flat_steps = lambda x: x.flatten(0, 1).split(rows)
     decays = [None] * len(rows) if gamma_last is None else flat_steps(gamma_last)
     # With a graph, each step's entering state and writes are new tensors, joined after the pass. Without one
@@ -380,8 +436,9 @@ def delta_rule_family_chunk_torch(
         entering_t, v_new_t = state.new_empty(sum(rows), *state.shape[1:]), U.flatten(0, 1)
         entering, new_values = entering_t.split(rows), v_new_t.split(rows)
         entering[0].copy_(state[: rows[0]])
-    steps = zip(rows, rows[1:] + [0], flat_steps(U), flat_steps(Y), flat_steps(k_tail.transpose(-1, -2)), decays)
-    for j, (n, n_next, u, y, k_t, decay) in enumerate(steps):
+    # The last step of the block leaves its states in a new tensor (``n_next`` 0), not in a slot.
+    steps_ops = zip(rows, rows[1:] + [0], flat_steps(U), flat_steps(Y), flat_steps(k_tail.transpose(-1, -2)), decays)
+    for j, (n, n_next, u, y, k_t, decay) in enumerate(steps_ops):
         s = state[:n] if graph else entering[j]
         if graph:
             entering.append(s)
@@ -394,28 +451,16 @@ def delta_rule_family_chunk_torch(
         state = s if n == state.shape[0] else torch.cat([s, state[n:]], dim=0)
         if into is None and n_next and not graph:
             entering[j + 1].copy_(s[:n_next])
-    state = state.unflatten(0, (N, HV))
     if graph:
         entering_t, v_new_t = torch.cat(entering, dim=0), torch.cat(new_values, dim=0)
     entering_t, v_new_t = entering_t.unflatten(0, (-1, HV)), v_new_t.unflatten(0, (-1, HV))
     # O = scale * (Q exp(G) S + P V_new): the scale and the sum are the product's alpha and beta (no extra pass)
-    o = (qk @ v_new_t).flatten(0, 1).baddbmm_(q_gamma.flatten(0, 1), entering_t.flatten(0, 1), beta=scale,
-                                              alpha=scale).unflatten(0, qk.shape[:2])
-    o = rearrange(layout.to_tokens(o), "(b t) h d -> b t h d", b=B)
-    writes = ()
-    if output_v_new:
-        writes = (rearrange(layout.to_tokens(v_new_t), "(b t) h d -> b t h d", b=B).to(out_dtype),)
-
-    final = None
-    if output_final_state:
-        final = state
-        if layout.reordered:
-            rank = torch.zeros(N, dtype=torch.long, device=h0.device)
-            rank[order] = torch.arange(N, device=h0.device)
-            final = state.index_select(0, rank)
-    return (o.to(out_dtype), final, *writes)
-
-
+    o_chunks = (qk @ v_new_t).flatten(0, 1).baddbmm_(q_gamma.flatten(0, 1), entering_t.flatten(0, 1), beta=scale,
+                                                     alpha=scale).unflatten(0, qk.shape[:2])
+    layout.to_tokens(o, o_chunks, steps)
+    if writes is not None:
+        layout.to_tokens(writes, v_new_t, steps)
+    return state
 
 
 def delta_rule_family_recurrent_torch(
@@ -447,4 +492,9 @@ def delta_rule_family_recurrent_torch(
                                          cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE, output_v_new=output_v_new)
 
 
-__all__ = ["CACHE_BLOCK_ELEMENTS", "delta_rule_family_chunk_torch", "delta_rule_family_recurrent_torch"]
+__all__ = [
+    "CACHE_BLOCK_ELEMENTS",
+    "STEP_BLOCK_ELEMENTS",
+    "delta_rule_family_chunk_torch",
+    "delta_rule_family_recurrent_torch",
+]
