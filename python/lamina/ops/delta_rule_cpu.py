@@ -30,7 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lamina.ops.delta_rule_core import DEFAULT_CHUNK_SIZE
+from lamina._delta_spec import TORCH_CHUNK_SIZE
 
 # Elements per [chunks, C, K] temporary in the channel-decay scores (512 KB in float32): keeps the
 # dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
@@ -290,7 +290,7 @@ def delta_rule_family_chunk_torch(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int = TORCH_CHUNK_SIZE,
     output_v_new: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """The delta-rule family in the chunked (WY/UT) form, vectorised; differentiable.
@@ -479,17 +479,17 @@ def delta_rule_family_recurrent_torch(
     """The torch path of the token-by-token ops (``fused_recurrent_*`` with gradients).
 
     The same map as the token loop, computed in the chunked form (``delta_rule_family_chunk_torch``
-    with ``DEFAULT_CHUNK_SIZE``, or one chunk per sequence when sequences are shorter): the result
+    with ``TORCH_CHUNK_SIZE``, or one chunk per sequence when sequences are shorter): the result
     differs from a token loop only by rounding, and no chunk size is part of the op's arguments.
     Autograd through the chunked form is faster than through a token loop from T = 4 on (fwd+bwd,
-    B = 2, H = 4, K = V = 64, one thread: GDN T = 64 181 ms -> 23 ms, T = 256 857 ms -> 65 ms) and
-    within 2 ms of it at T = 1-2.
+    B = 2, H = 4, K = V = 64, one thread, chunks of 64: GDN T = 64 181 ms -> 23 ms, T = 256 857 ms ->
+    65 ms) and within 2 ms of it at T = 1-2.
 
     Shapes as in ``delta_rule_family_chunk_torch``; returns ``o [B, T, HV, V]`` in ``v.dtype`` and
     the final state ``[N, HV, K, V]`` in the compute dtype, or None.
     """
     return delta_rule_family_chunk_torch(q, k, v, g, erase, write, scale, initial_state, output_final_state,
-                                         cu_seqlens, chunk_size=DEFAULT_CHUNK_SIZE, output_v_new=output_v_new)
+                                         cu_seqlens, chunk_size=TORCH_CHUNK_SIZE, output_v_new=output_v_new)
 
 
 __all__ = [
