@@ -129,8 +129,11 @@ def test_chunk_torch_without_graph_matches_token_loop(variant, shape, block_chun
         monkeypatch.setattr(delta_rule_cpu, "STEP_BLOCK_ELEMENTS", block_chunks * HV * C * max(K, V))
     leaves, cu_seqlens = make_leaves(variant, B, T, seqlens)
     args = dict(**family_args(leaves), output_final_state=True, cu_seqlens=cu_seqlens)
+    inputs = {key: x.clone() for key, x in leaves.items()}
     with torch.no_grad():
         o, s, v_new = delta_rule_family_chunk_torch(**args, chunk_size=chunk_size, output_v_new=True)
+    for key, x in leaves.items():  # the state is updated in place, in a copy
+        assert torch.equal(x, inputs[key]), f"{key} was written to"
     want_o, want_s, want_v_new = delta_rule_family_recurrent_ref(**args, output_writes=True)
     for name, got, want in (("o", o, want_o), ("final_state", s, want_s), ("v_new", v_new, want_v_new)):
         assert_close(name, got, want)
