@@ -38,10 +38,10 @@ from lamina._delta_spec import TORCH_CHUNK_SIZE
 CACHE_BLOCK_ELEMENTS = 1 << 17
 # Elements per [chunks, HV, C, max(K, V)] temporary of one block of steps on the path without a graph
 # (inference), 1 MB in float32. Run in such blocks, a call's temporaries take a few MB instead of tens, which
-# glibc's default malloc keeps between calls rather than returning them and faulting them back in: forward,
-# fp32, H = 4, K = V = 64, 2 threads, fresh process, 20 calls, minor faults per call 2,528-7,136 -> 0 for
-# DeltaNet, GDN and KDA at 2x1024 and 1x4096. With freed memory kept (thresholds raised), blocks of 2^18 are as
-# fast as one block or faster (minimum DeltaNet 1x4096 15.2 -> 13.7 ms); 2^16 is slower (17.8 ms, more calls).
+# glibc's default malloc more often keeps between calls instead of returning them and faulting them back in
+# (benchmarks/cpu_diag/page_faults.py, fresh processes, forward through the ops: a median of 0 faults per call
+# in 10 of 18 runs, 2 of 18 before). With freed memory kept (thresholds raised), blocks of 2^18 are as fast as
+# one block or faster (minimum DeltaNet 1x4096, C = 64: 15.2 -> 13.7 ms); 2^16 is slower (17.8 ms, more calls).
 STEP_BLOCK_ELEMENTS = 1 << 18
 # Rows per diagonal block of the chunk's unit lower-triangular inverse (``_unit_lower_chunk_inverse``).
 # Batched [16, 16] inverses and products are contiguous bmm calls at 110-190 GFLOP/s; the batched LAPACK
