@@ -184,6 +184,24 @@ def test_chunk_torch_partial_solve_block():
         check_against_token_loop(delta_rule_family_chunk_torch, leaves, None, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("chunk_size", [3, 4])  # T = 8: chunks that do not divide it, and equal whole chunks
+def test_chunk_torch_reads_strided_inputs(chunk_size):
+    """Inputs laid out as [B, H, T, D] in memory (transposed views) give the bits of contiguous ones, with
+    and without a graph."""
+    leaves, _ = make_leaves("gdn2", 2, 8, None)
+    args = family_args(leaves)
+    strided = {key: x.transpose(1, 2).contiguous().transpose(1, 2) if key != "initial_state" else x
+               for key, x in args.items()}
+    for graph in (False, True):
+        results = []
+        for source in (args, strided):
+            inputs = {key: x.clone().requires_grad_(graph) for key, x in source.items()}  # clone keeps the strides
+            assert inputs["v"].is_contiguous() == inputs["erase"].is_contiguous() == (source is args)
+            results.append(delta_rule_family_chunk_torch(**inputs, output_final_state=True, chunk_size=chunk_size))
+        for name, a, b in zip(("o", "final_state"), *results):
+            assert torch.equal(a, b), name
+
+
 def test_no_initial_state_and_scale():
     leaves, _ = make_leaves("gated_delta_rule", 2, 9, None)
     del leaves["initial_state"]

@@ -340,7 +340,9 @@ def delta_rule_family_chunk_torch(
     N = len(offsets) - 1
     dtype = _compute_dtype(q, k, v, g, erase, write, initial_state)
     scale = K**-0.5 if scale is None else scale
-    g, erase, write = _per_head(g), _per_head(erase), _per_head(write)
+    # Each block reads its steps through views of the inputs: contiguous ones keep those views free of copies.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, erase, write = (None if x is None else _per_head(x.contiguous()) for x in (g, erase, write))
     h0 = torch.zeros(N, HV, K, V, dtype=dtype, device=q.device) if initial_state is None else initial_state.to(dtype)
     # A chunk longer than every sequence only adds zero padding: the same chunks with less work
     # (T = 1, C = 64 fwd+bwd, B = 2, H = 4, K = V = 64: 26 ms -> 3.3 ms, one thread).
