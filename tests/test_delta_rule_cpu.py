@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import lamina
-from lamina._delta_spec import TORCH_CHUNK_SIZE
+from lamina._delta_spec import CPU_CHUNK_SIZE
 from lamina.ops import delta_rule_cpu
 from lamina.ops.delta_rule_cpu import delta_rule_family_chunk_torch, delta_rule_family_recurrent_torch
 from lamina.reference import delta_rule_family_recurrent_ref
@@ -268,7 +268,7 @@ def test_ops_torch_path_runs_here(recurrent, monkeypatch):
     """``backend="torch"`` runs this module (not the reference): the chunk op through
     ``delta_rule_family_chunk_torch``, the recurrent op with gradients through
     ``delta_rule_family_recurrent_torch`` (which runs the chunked form), with chunks of
-    ``TORCH_CHUNK_SIZE`` whatever the op's ``chunk_size``."""
+    ``CPU_CHUNK_SIZE`` whatever the op's ``chunk_size``."""
     calls, chunk_sizes = [], []
 
     def spy(name: str):
@@ -292,7 +292,7 @@ def test_ops_torch_path_runs_here(recurrent, monkeypatch):
     else:
         o, _ = lamina.chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=16, backend="torch")
         assert calls == ["delta_rule_family_chunk_torch"]
-    assert chunk_sizes == [TORCH_CHUNK_SIZE]
+    assert chunk_sizes == [CPU_CHUNK_SIZE]
     o_ref, _ = delta_rule_family_recurrent_ref(q.double(), k.double(), v.double(), g.double(), beta.double(),
                                                beta.double())
     assert_close("o", o, o_ref, dtype=torch.float32)

@@ -10,16 +10,17 @@ from __future__ import annotations
 # tests: tl.dot needs every dimension >= 16, and [128, 128] fp32 tiles would not fit in registers.
 DEFAULT_CHUNK_SIZE = 64
 CHUNK_SIZES = (16, 32, 64)
-# Tokens per chunk of the PyTorch path (``lamina.ops.delta_rule_cpu``), whatever ``chunk_size`` the op got: the
-# chunked form is exact for any chunk length, and on CPU 32 beats 64 (products of 32 x 32 blocks; twice the
-# sequential steps). Interleaved, 2 threads, fp32, H = 4, K = V = 64, minimum of 12: forward DeltaNet 2x1024
-# 6.74 -> 5.84 ms, 1x4096 12.9 -> 11.4 ms, KDA 1x4096 30.4 -> 27.0 ms; forward+backward 2x1024 DeltaNet
-# 25.9 -> 24.7 ms, GDN 28.4 -> 26.5 ms, KDA 54.2 -> 47.2 ms. 16 was no faster than 32 (DeltaNet 1x4096 12.2 ms).
-TORCH_CHUNK_SIZE = 32
+# Tokens per chunk of the PyTorch path on CPU (``lamina.ops.delta_rule_cpu``), whatever ``chunk_size`` the op
+# got (on a GPU that path takes the op's: fewer sequential steps, fewer launches). The chunked form is exact for
+# any chunk length, and on CPU 32 beats 64 (products of 32 x 32 blocks; twice the sequential steps). Interleaved,
+# 2 threads, fp32, H = 4, K = V = 64, minimum of 12: forward DeltaNet 2x1024 6.74 -> 5.84 ms, 1x4096 12.9 ->
+# 11.4 ms, KDA 1x4096 30.4 -> 27.0 ms; forward+backward 2x1024 DeltaNet 25.9 -> 24.7 ms, GDN 28.4 -> 26.5 ms,
+# KDA 54.2 -> 47.2 ms. 16 was no faster than 32 (DeltaNet 1x4096 12.2 ms).
+CPU_CHUNK_SIZE = 32
 # Largest key head dim, forward and backward (fla stops at 256): the forward's state pass holds four
 # 128-row state blocks, the backward's reverse scan keeps dH in memory above K = 128.
 MAX_K = 512
 # Largest value head dim (tiled over programs, so only memory bounds it; kept equal to fla's).
 MAX_V = 512
 
-__all__ = ["CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "MAX_K", "MAX_V", "TORCH_CHUNK_SIZE"]
+__all__ = ["CHUNK_SIZES", "CPU_CHUNK_SIZE", "DEFAULT_CHUNK_SIZE", "MAX_K", "MAX_V"]

@@ -69,7 +69,7 @@ class DeltaRuleAttention(nn.Module):
         use_short_conv: causal depthwise conv (``conv_size`` taps) on q, k, v before SiLU.
         use_output_gate: multiply the normalised output by ``silu(g_proj x)``.
         allow_neg_eigval: beta (and GDN-2's erase gate) in [0, 2) instead of [0, 1).
-        chunk_size: 16, 32 or 64 (the Triton kernels'; the PyTorch path cuts its own).
+        chunk_size: 16, 32 or 64 (the Triton kernels'; the PyTorch path on CPU cuts its own).
         backend: passed to the ops ("auto", "triton", "torch").
 
     ``forward(x [B, T, D], cu_seqlens=None, initial_state=None, output_final_state=False)``

@@ -353,8 +353,8 @@ _COMMON_ARGS = """
         cu_seqlens_cpu: optional CPU copy of ``cu_seqlens`` (same length); validation reads it
             instead of ``cu_seqlens``.
         chunk_size: 16, 32 or 64 tokens per chunk of the Triton kernels (chunked ops only; keyword-only,
-            as fla reads it from ``**kwargs``). The PyTorch path cuts its own chunks
-            (``lamina._delta_spec.TORCH_CHUNK_SIZE``, 32): the same map, up to rounding.
+            as fla reads it from ``**kwargs``). On CPU the PyTorch path cuts its own chunks
+            (``lamina._delta_spec.CPU_CHUNK_SIZE``, 32): the same map, up to rounding.
         backend: "auto" (CUDA: Triton; CPU: Triton under TRITON_INTERPRET=1, else PyTorch),
             "triton" or "torch".
         cp_context: a ``lamina.distributed.ContextParallel`` (chunked ops): q, k, v and the gates hold this

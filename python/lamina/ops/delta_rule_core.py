@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V, TORCH_CHUNK_SIZE
+from lamina._delta_spec import CHUNK_SIZES, CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V
 from lamina._dispatch import select_backend
 from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_shape, check_tensor
 from lamina.ops.rms_norm_gated import l2_norm
@@ -396,9 +396,10 @@ def delta_rule_core(
             out = delta_rule_family_recurrent_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
                                                     cu_seqlens, output_v_new=output_v_new)
         else:
-            # its own chunk length, not the kernels' chunk_size (the same map up to rounding; TORCH_CHUNK_SIZE)
+            # on CPU its own chunk length, not the kernels' chunk_size (the same map up to rounding)
+            size = CPU_CHUNK_SIZE if q.device.type == "cpu" else chunk_size
             out = delta_rule_family_chunk_torch(q, k, v, g, b, w, scale, initial_state, output_final_state,
-                                                cu_seqlens, TORCH_CHUNK_SIZE, output_v_new=output_v_new)
+                                                cu_seqlens, size, output_v_new=output_v_new)
         return out if output_v_new else (*out, None)
     if q.dtype not in KERNEL_DTYPES or v.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{op}: the Triton kernels take float32/float16/bfloat16 q, k, v, got {q.dtype}; "

@@ -7,8 +7,8 @@ cache-sized groups for the channel-decay scores) and is tested against the naive
 ``lamina.reference.delta_rule_family_recurrent_ref`` (tests/test_delta_rule_cpu.py), never used as it.
 Without a graph (inference: no input requires grad, or grad mode is off) it takes a path that
 autograd could not follow: the chunk's inverse built in place and the sequential pass writing into
-preallocated buffers (``out=`` and in-place products), the same map with fewer passes over memory; and it
-runs the steps in blocks (``STEP_BLOCK_ELEMENTS``), each taking its chunks from the inputs and writing its
+preallocated buffers (``out=`` and in-place products), the same map with fewer passes over memory; and on
+CPU it runs the steps in blocks (``STEP_BLOCK_ELEMENTS``), each taking its chunks from the inputs and writing its
 outputs, so that a call's temporaries stay a few MB whatever the sequence length (a block holds at
 least one step: the chunks of every sequence still running).
 
@@ -30,7 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import TORCH_CHUNK_SIZE
+from lamina._delta_spec import CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE
 
 # Elements per [chunks, C, K] temporary in the channel-decay scores (512 KB in float32): keeps the
 # dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
@@ -302,7 +302,7 @@ def delta_rule_family_chunk_torch(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int = TORCH_CHUNK_SIZE,
+    chunk_size: int = CPU_CHUNK_SIZE,
     output_v_new: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """The delta-rule family in the chunked (WY/UT) form, vectorised; differentiable.
@@ -351,8 +351,9 @@ def delta_rule_family_chunk_torch(
     o = torch.empty(B * T, HV, V, dtype=out_dtype, device=v.device)
     writes = torch.empty(B * T, HV, V, dtype=out_dtype, device=v.device) if output_v_new else None
     # A graph is built when any input needs a gradient. Without one (inference) the steps take forms autograd
-    # could not follow (in-place and out= products, below) and run in blocks whose temporaries stay small
-    # (``STEP_BLOCK_ELEMENTS``); with one, in one block.
+    # could not follow (in-place and out= products, below), and on CPU they run in blocks whose temporaries stay
+    # small (``STEP_BLOCK_ELEMENTS``). With a graph, or on a GPU (where every product is a kernel launch and
+    # memory is not returned to the OS between calls), they run in one block.
     graph = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, erase, write, initial_state)
     )
@@ -363,7 +364,8 @@ def delta_rule_family_chunk_torch(
     if not layout.active:
         blocks = []
     else:
-        blocks = [range(len(layout.active))] if graph else _step_blocks(layout, max(K, V))
+        one_block = graph or q.device.type != "cpu"
+        blocks = [range(len(layout.active))] if one_block else _step_blocks(layout, max(K, V))
     for steps in blocks:
         state = _chunk_steps(layout, steps, q, k, v, g, erase, write, state, scale, dtype, graph, o, writes)
     final = None
@@ -502,7 +504,8 @@ def delta_rule_family_recurrent_torch(
     """The torch path of the token-by-token ops (``fused_recurrent_*`` with gradients).
 
     The same map as the token loop, computed in the chunked form (``delta_rule_family_chunk_torch``
-    with ``TORCH_CHUNK_SIZE``, or one chunk per sequence when sequences are shorter): the result
+    with ``CPU_CHUNK_SIZE`` on CPU and ``DEFAULT_CHUNK_SIZE`` elsewhere, or one chunk per sequence when
+    sequences are shorter): the result
     differs from a token loop only by rounding, and no chunk size is part of the op's arguments.
     Autograd through the chunked form is faster than through a token loop from T = 4 on (fwd+bwd,
     B = 2, H = 4, K = V = 64, one thread, chunks of 64: GDN T = 64 181 ms -> 23 ms, T = 256 857 ms ->
@@ -511,8 +514,9 @@ def delta_rule_family_recurrent_torch(
     Shapes as in ``delta_rule_family_chunk_torch``; returns ``o [B, T, HV, V]`` in ``v.dtype`` and
     the final state ``[N, HV, K, V]`` in the compute dtype, or None.
     """
+    size = CPU_CHUNK_SIZE if q.device.type == "cpu" else DEFAULT_CHUNK_SIZE
     return delta_rule_family_chunk_torch(q, k, v, g, erase, write, scale, initial_state, output_final_state,
-                                         cu_seqlens, chunk_size=TORCH_CHUNK_SIZE, output_v_new=output_v_new)
+                                         cu_seqlens, chunk_size=size, output_v_new=output_v_new)
 
 
 __all__ = [
