@@ -13,8 +13,10 @@ own, not through lamina's ``delta_rule_core`` helpers:
 The loss is ``<o, do> + <final_state, ds>`` with random cotangents, so a wrong gradient of the final
 state path and of the output path both show. Every leaf that requires grad is compared: q, k, v, g
 or gk, beta or b and w, initial_state, A_log, dt_bias. Bounds: ``lamina.testing`` (RMS error ratio
-per dtype). The option transforms run in PyTorch before the kernels on every backend, so the
-Triton path gets one call per op with several options at once; the torch path sweeps each option.
+per dtype; ``A_log`` and ``dt_bias``, which sum a term per gate element, relative to the root-sum-square
+of their terms, ``reduction_scale``). The option transforms run in PyTorch before the kernels on every
+backend, so the Triton path gets one call per op with several options at once; the torch path sweeps each
+option.
 
 Also here: Prism attention at head dims 80 and 384 (README: "head dims 16..512 in steps of 8 (incl.
 80, 96, 320, 384)") forward and backward under the interpreter, FlashAttention's bound.
@@ -26,7 +28,7 @@ import math
 
 import pytest
 import torch
-from tolerances import assert_attention_close, assert_close
+from tolerances import assert_attention_close, assert_close, reduction_scale
 
 import lamina
 from lamina.reference import delta_rule_family_recurrent_ref
@@ -136,9 +138,10 @@ def oracle(op: str, opts: frozenset, x: dict) -> tuple[torch.Tensor, torch.Tenso
     g = x.get("g")
     if g is not None and ({"gate", "lower_bound", "lower_bound_no_A_log"} & opts):
         per_channel = g.dim() == 4
-        bias = x["dt_bias"].view(HV, K) if per_channel else x["dt_bias"]
+        # [HV] / [HV * K] parameters, or (for their terms, check_op) one value per gate element
+        bias = x["dt_bias"].view(HV, K) if per_channel and x["dt_bias"].dim() == 1 else x["dt_bias"]
         a = x.get("A_log")
-        a = None if a is None else (a[:, None] if per_channel else a)
+        a = None if a is None else (a[:, None] if per_channel and a.dim() == 1 else a)
         if "gate" in opts:
             g = -torch.exp(a) * _softplus64(g + bias)
         else:
@@ -176,10 +179,27 @@ def check_op(op: str, opts: frozenset, shape: tuple[int, ...], dtype: torch.dtyp
                                                                                       dtype=torch.float64)
     torch.autograd.backward((o, s), (do.to(o.dtype), ds.float()))
     torch.autograd.backward((ro, rs), (do, ds))
+    scales = _parameter_scales(op, opts, ref, (do, ds))
     for name in base:
         assert ours[name].grad is not None, f"d{name} is missing ({op}, {sorted(opts)})"
         assert ours[name].grad.dtype == ours[name].dtype, name
-        assert_close(f"d{name}", ours[name].grad, ref[name].grad, dtype=dtype)
+        assert_close(f"d{name}", ours[name].grad, ref[name].grad, dtype=dtype, scale=scales.get(name))
+
+
+def _parameter_scales(op: str, opts: frozenset, ref: dict, cotangents: tuple) -> dict[str, float]:
+    """``A_log`` and ``dt_bias`` sum one term per gate element (token, head, channel): their gradients are
+    compared relative to the root-sum-square of those terms (``lamina.testing.reduction_scale``, the table's
+    rule for a per-head or per-channel parameter), which are the float64 gradients of the same parameters
+    broadcast to the gate's shape."""
+    names = [n for n in ("A_log", "dt_bias") if n in ref]
+    if not names:
+        return {}
+    shape = ref["g"].shape  # [B, T, HV] or [B, T, HV, K]
+    per_head = {n: ref[n].detach().view(shape[2], -1) if len(shape) == 4 else ref[n].detach() for n in names}
+    full = {n: p.expand(shape).clone().requires_grad_() for n, p in per_head.items()}
+    x = {n: t.detach() for n, t in ref.items()} | full
+    torch.autograd.backward(oracle(op, opts, x), cotangents)
+    return {n: reduction_scale(full[n].grad, (1, 1, *per_head[n].shape)) for n in names}
 
 
 # --- backend "torch": every op with every option it accepts, one at a time -------------------------

@@ -15,4 +15,5 @@ from lamina.testing import (  # noqa: F401
     UNIT_ROUNDOFF,
     assert_attention_close,
     assert_close,
+    reduction_scale,
 )
