@@ -31,10 +31,11 @@ and ``dg`` is the reverse cumulative sum of ``dG`` inside the chunk (summed over
 
 Kernels (no atomics anywhere, so two runs are bitwise equal):
 
-1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``M``, ``P``, ``A``, and everything that needs
-   ``S0`` or ``dO`` but not ``dH``: ``U``, ``P^T dO`` and ``Qg^T dO``. It writes ``A`` (fp32
-   ``[tokens, HV, BT]``), ``U`` and ``P^T dO`` (fp32, the size of ``v``) and ``Qg^T dO`` (fp32, into
-   the ``dH`` buffer, the size of ``h``).
+1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``P``, and everything that needs ``S0`` or
+   ``dO`` but not ``dH``: ``U``, ``P^T dO`` and ``Qg^T dO``. ``A`` is not solved again: the forward's
+   prep kernel stores it (``[tokens, HV, BT]`` in the activations' dtype, that of every product it enters)
+   with the chunk-start states, so one solve serves both directions. It writes ``U`` and ``P^T dO`` (fp32,
+   the size of ``v``) and ``Qg^T dO`` (fp32, into the ``dH`` buffer, the size of ``h``).
 2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
    ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four key blocks: 16-bit
    activations with K <= 128 by default, more on request) or in the float32 ``dinitial_state`` buffer,
@@ -72,12 +73,12 @@ from lamina.kernels.delta_chunk_bwd_parts import (
     load_gate,
     load_rows,
     load_state_tile,
+    load_tile,
     load_vec,
     scan_operands,
     state_block_io,
     store_tile,
     swap_state_block,
-    unit_lower_inverse,
 )
 from lamina.kernels.delta_chunk_bwd_tiles import (
     NUM_STAGES,
@@ -120,7 +121,7 @@ FP32_DR_ROWS = tl.constexpr(16)
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
-    q, k, v, g, b, w, h, do, dv_new, A_out, U_out, dU_out, dh_out, cu_seqlens, chunk_indices,
+    q, k, v, g, b, w, h, do, dv_new, A_buf, U_out, dU_out, dh_out, cu_seqlens, chunk_indices,
     A_log, dt_bias, lower_bound, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
@@ -138,48 +139,33 @@ def _delta_chunk_bwd_prep_kernel(
     lower = o_t[:, None] >= o_t[None, :]
 
     Pm = tl.zeros([BT, BT], dtype=tl.float32)
-    Mm = tl.zeros([BT, BT], dtype=tl.float32)
-    if ERASE == GATE_SCALAR:
-        b_s = load_vec(b + i_hv, t0, L, HV, o_t)
     for k0 in range(0, K, BK):
         q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-        if ERASE == GATE_CHANNEL:
-            e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
-        else:
-            e_t = k_t * b_s[:, None]
         if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
-            P1, M1 = gated_gram(q_t, e_t, k_t, G, o_t, L, BT)
-            Pm += P1
-            Mm += M1
+            Pm += gated_gram(q_t, k_t, G, o_t, L, BT)
+        elif P_PRODUCT:  # P^T = K Q^T (see P_c below)
+            Pm += tl.dot(k_t.to(DT), tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
         else:
-            k_c = k_t.to(DT)
-            k_T = tl.trans(k_c)
-            if P_PRODUCT:  # P^T = K Q^T (see P_c below)
-                Pm += tl.dot(k_c, tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
-            else:
-                Pm += tl.dot(q_t.to(DT), k_T, input_precision=DOT_PRECISION)
-            Mm += tl.dot(e_t.to(DT), k_T, input_precision=DOT_PRECISION)
+            Pm += tl.dot(q_t.to(DT), tl.trans(k_t.to(DT)), input_precision=DOT_PRECISION)
     upper = o_t[:, None] <= o_t[None, :]
     if DECAY == DECAY_SCALAR:
         G = load_gate(g, t0, L, i_hv, HV, K, 0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
-        gate = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
         if P_PRODUCT:
             Pm = Pm * tl.exp(tl.where(upper, G[None, :] - G[:, None], float("-inf")))
         else:
-            Pm = Pm * gate
-        Mm = Mm * gate
+            Pm = Pm * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
     Pm = tl.where(upper if P_PRODUCT else lower, Pm * scale, 0.0)
-    Mm = tl.where(o_t[:, None] > o_t[None, :], Mm, 0.0)
-    Am = unit_lower_inverse(Mm, o_t, L, BT)
-
-    store_tile(A_out, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT, Am)
 
     # Everything of the chunk that needs the forward's state S0 or dO but not the incoming dH is
     # formed here, in parallel over chunks, rather than in the sequential scan:
     #   U = A (Z - Eb S0),  dU0 = P^T dO (+ dV_new; the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
-    A_c = Am.to(DT)
+    # A is the forward's inverse (its prep kernel stores it with the states): the backward does not solve.
+    # It is read where each V block's U = A (Z - Eb S0) takes it (from L2 after the first): held across the
+    # loop, sm_80 GDN bf16 K = 512 compiled to 128 registers and 1 STL (static report, Triton 3.9).
+    if ERASE == GATE_SCALAR:
+        b_s = load_vec(b + i_hv, t0, L, HV, o_t)
     # P^T: with P_PRODUCT (dense decays on Hopper) formed as a product of its own above, not with tl.trans
     # of the product P: the Triton 3.4-3.6 Hopper miscompile of the forward's solve (kernels/delta_chunk_fwd.py).
     # Elsewhere the transpose: on sm_80 the extra product's operand spilled GDN bf16 K = 512 (9 STL, Triton
@@ -217,6 +203,7 @@ def _delta_chunk_bwd_prep_kernel(
             rhs -= tl.dot(e_g.to(DT), S0, input_precision=DOT_PRECISION)
             dS_q = tl.dot(tl.trans(q_g.to(DT)), do_t, input_precision=DOT_PRECISION)
             state_block_io(dh_out, chunk_state, k0, o_k, v0 + o_bv, dS_q, K, V, False)
+        A_c = load_tile(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT).to(DT)
         U = tl.dot(A_c, rhs.to(DT), input_precision=DOT_PRECISION)
         store_tile(U_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, U)
 
@@ -379,6 +366,7 @@ def delta_chunk_bwd(
     scale: float,
     initial_state: torch.Tensor | None,
     h: torch.Tensor,
+    A: torch.Tensor,
     do: torch.Tensor,
     dfinal_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
@@ -395,6 +383,8 @@ def delta_chunk_bwd(
             None means a gate of 1. ``b`` and ``w`` may be the same tensor.
         scale: query scale. initial_state: [N, HV, K, V] float32 or None.
         h: chunk-start states of the forward, float32 [total_chunks, HV, K, V] (state before chunk c).
+        A: the forward's inverses ``(I + M)^-1``, [B, T, HV, chunk_size] in q's dtype (``delta_chunk_fwd``
+            with ``save_states``).
         do: [B, T, HV, V]. dfinal_state: [N, HV, K, V] or None (zero).
         cu_seqlens: [N + 1] int32/int64 sequence offsets (B == 1) or None.
         chunk_size: 16, 32 or 64.
@@ -434,6 +424,8 @@ def delta_chunk_bwd(
     n_chunks, nt = index.total, index.per_sequence
     check_tensor("h", h, dtypes=(torch.float32,))
     check_shape("h", h, (n_chunks, HV, K, V), "chunk-start states [total_chunks, HV, K, V]")
+    check_tensor("A", A, dtypes=(q.dtype,))
+    check_shape("A", A, (B, T, HV, BT), "the forward's inverses [B, T, HV, chunk_size]")
     state_shape = (N, HV, K, V)
     if initial_state is not None:
         check_tensor("initial_state", initial_state)
@@ -442,7 +434,7 @@ def delta_chunk_bwd(
         check_tensor("dfinal_state", dfinal_state)
         check_shape("dfinal_state", dfinal_state, state_shape)
 
-    q, k, v, do, h = (x.contiguous() for x in (q, k, v, do, h))
+    q, k, v, do, h, A = (x.contiguous() for x in (q, k, v, do, h, A))
     dv_new_in = dv_new.contiguous() if dv_new is not None else do
     b_in = b.contiguous() if b is not None else q.new_ones(lead)
     w_in = w.contiguous() if w is not None else q.new_ones(lead)
@@ -458,14 +450,13 @@ def delta_chunk_bwd(
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
     cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 
-    A_buf = torch.empty(ntok, HV, BT, **f32)
     U_buf = torch.empty(ntok, HV, V, **f32)
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
     tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning(), fp32=q.dtype == torch.float32)
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A_buf, U_buf, dR_buf, dh_buf, cu, idx, **gate_kw,
+        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A, U_buf, dR_buf, dh_buf, cu, idx, **gate_kw,
         scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None,
         P_PRODUCT=tiles.prep_p_product, **dims, **flags, **launch)
 
@@ -477,7 +468,7 @@ def delta_chunk_bwd(
     else:
         dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
-        k, v, g_in, b_in, w_in, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
+        k, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
         cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags, **launch)

@@ -10,7 +10,6 @@ Everything here works on one chunk of ``BT`` tokens held in registers:
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
-* ``unit_lower_inverse``: ``(I + M)^-1`` for a strictly lower triangular ``M``.
 * ``state_tile_ptrs`` / ``load_state_tile``: a ``[BK, BV]`` block of a ``[K, V]`` state.
 * ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
 
@@ -124,12 +123,11 @@ def masked_rows_gram(x, y, t0, L, row_stride, head_off, o_t, o_c, N_COLS, G, mas
 
 
 @triton.jit
-def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
-    """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), for two
-    left operands ``X1, X2`` sharing ``Y`` and the per-channel cumulative decay ``G`` (all ``[BT, BK]``).
-    Only the first ``n_rows`` rows are valid (a chunk's tail); columns past them stay 0."""
-    R1 = tl.zeros([BT, BT], dtype=tl.float32)
-    R2 = tl.zeros([BT, BT], dtype=tl.float32)
+def gated_gram(X, Y, G, o_t, n_rows, BT: tl.constexpr):
+    """``R_ij = sum_c X_ic Y_jc exp(G_ic - G_jc)`` for ``j <= i`` (0 above the diagonal), with the
+    per-channel cumulative decay ``G`` (all ``[BT, BK]``). Only the first ``n_rows`` rows are valid (a
+    chunk's tail); columns past them stay 0."""
+    R = tl.zeros([BT, BT], dtype=tl.float32)
     for j in range(0, tl.minimum(n_rows, BT)):
         # rows extracted inline: a nested jit call per iteration is slow under the interpreter
         row_j = (o_t == j)[:, None]
@@ -138,10 +136,8 @@ def gated_gram(X1, X2, Y, G, o_t, n_rows, BT: tl.constexpr):
         # exponents G_i - G_j with i >= j only: each is <= 0
         gate = tl.exp(tl.where((o_t >= j)[:, None], G - g_j[None, :], float("-inf")))
         yg = gate * y_j[None, :]
-        sel = (o_t == j)[None, :]
-        R1 = tl.where(sel, tl.sum(X1 * yg, 1)[:, None], R1)
-        R2 = tl.where(sel, tl.sum(X2 * yg, 1)[:, None], R2)
-    return R1, R2
+        R = tl.where((o_t == j)[None, :], tl.sum(X * yg, 1)[:, None], R)
+    return R
 
 
 @triton.jit
@@ -168,20 +164,6 @@ def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, dQ, dE, dK, BT: tl.const
         dk_j = tl.sum((p_j[:, None] * Q + m_j[:, None] * E) * gate, 0)
         dK = tl.where(row_j, dK + dk_j[None, :], dK)
     return dQ, dE, dK
-
-
-@triton.jit
-def unit_lower_inverse(M, o_t, n_rows, BT: tl.constexpr):
-    """``(I + M)^-1`` for a strictly lower triangular ``[BT, BT]`` ``M`` (zero from row ``n_rows`` on),
-    by forward substitution: row ``i`` of the strictly lower part is ``L_i = -M_i - sum_{j<i} M_ij L_j``."""
-    L = -M
-    for i in range(1, tl.minimum(n_rows, BT)):
-        sel = (o_t == i)[:, None]
-        a = tl.sum(tl.where(sel, L, 0.0), 0)
-        # a_j is 0 for j >= i, so only the finished rows L_j (j < i) contribute
-        a = a + tl.sum(a[:, None] * L, 0)
-        L = tl.where(sel, a[None, :], L)
-    return L + (o_t[:, None] == o_t[None, :]).to(tl.float32)
 
 
 @triton.jit
@@ -260,6 +242,6 @@ def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.con
 
 __all__ = [
     "tile_ptrs", "load_tile", "store_tile", "load_rows", "load_vec", "load_gate", "row_of", "col_of",
-    "rows_gram", "gated_gram", "gated_intra_grads", "unit_lower_inverse", "scan_operands", "state_tile_ptrs",
+    "rows_gram", "gated_gram", "gated_intra_grads", "scan_operands", "state_tile_ptrs",
     "load_state_tile", "swap_state_block", "state_block_io",
 ]

@@ -19,7 +19,8 @@ Two launches:
 1. ``_delta_chunk_prep_fwd_kernel``, one program per (chunk, value head): the gate activation of a raw
    gate input (``GATE_ACT``, fla's ``use_gate_in_kernel``), cumulative decay,
    ``L`` and ``Aqk`` (with channel-wise decay: exponents relative to a row inside the same
-   16-token sub-block, so every exp factor is <= 1), the triangular inverse, ``Y`` and ``U``.
+   16-token sub-block, so every exp factor is <= 1), the triangular inverse (kept for the backward when
+   the states are saved: one solve serves both directions), ``Y`` and ``U``.
 2. ``_delta_chunk_scan_fwd_kernel``, one program per (sequence, value head, V tile): walks the
    chunks in order with ``S`` in registers (or, for fp32 activations and for K > 256 on targets
    without warpgroup products, in the final-state buffer one key block at a time: ``scan_tiles``),
@@ -241,12 +242,10 @@ def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
 
     The column of ``L`` comes out of a row sum and the row of ``X`` out of a column sum, each used along the
     axis its sum leaves it on: no layout change per step. Row by row instead (``X[j] = e_j - sum_{c < j}
-    L[j, c] X[c]``, as the backward's ``unit_lower_inverse`` does), the coefficients came out of a column sum
-    and were used down the rows, a layout change of a ``[BT]`` vector per step: with 16- and 32-row blocks
-    this kernel spilled on sm_90 (static report: 243-393 STL under Triton 3.9, 230-264 under 3.6). The
-    backward keeps its rows: with this elimination its prep kernel went from 187 registers to 255 and 3-4 STL
-    for GDN bf16/fp16 at K = 512 on sm_80 (Triton 3.6 and 3.9), for no change of its TTGIR outside the loop.
-    Not built transposed and turned with ``tl.trans`` either: the transpose of a tile in a product's layout,
+    L[j, c] X[c]``), the coefficients came out of a column sum and were used down the rows, a layout change
+    of a ``[BT]`` vector per step: with 16- and 32-row blocks this kernel spilled on sm_90 (static report:
+    243-393 STL under Triton 3.9, 230-264 under 3.6). The backward does not solve: it reads the inverse this
+    kernel stores (``STORE_A``). Not built transposed and turned with ``tl.trans`` either: the transpose of a tile in a product's layout,
     stored to shared memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what
     Triton 3.4-3.6 miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
     first = (o_t // BLOCK) * BLOCK
@@ -287,14 +286,14 @@ def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, blk, tok0, o_t
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
-    gcum, wy, u, aqk,
+    gcum, wy, u, aqk, solve,
     cu_seqlens, chunk_indices,
     A_log, dt_bias, lower_bound,
     scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, GATE_ACT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr, STORE_A: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
     NB: tl.constexpr = BT // SUB
@@ -309,7 +308,6 @@ def _delta_chunk_prep_fwd_kernel(
     tok0, seqlen = bos + t0, eos - bos
     o_t = tl.arange(0, BT)
     m_t = (t0 + o_t) < seqlen
-    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
 
     # -- cumulative log decay inside the chunk ------------------------------------------------
     b_gs = 0.0  # a per-channel decay is loaded with its key block
@@ -368,13 +366,17 @@ def _delta_chunk_prep_fwd_kernel(
         b_A = b_Di
     else:
         b_M = tl.dot(b_Di, tl.where(same, 0.0, b_L), input_precision=DOT_PRECISION)
+        diag = o_t[:, None] == o_t[None, :]  # I + X as a select, not the sum with a constant identity tile
         if NS == 2:
-            b_P = eye - b_M
+            b_P = tl.where(diag, 1.0 - b_M, -b_M)
         else:
             b_M2 = tl.dot(b_M, b_M, input_precision=DOT_PRECISION)
-            b_P = tl.dot(eye - b_M, eye + b_M2, input_precision=DOT_PRECISION)
+            b_P = tl.dot(tl.where(diag, 1.0 - b_M, -b_M), tl.where(diag, 1.0 + b_M2, b_M2),
+                         input_precision=DOT_PRECISION)
         b_A = tl.dot(b_P, b_Di, input_precision=DOT_PRECISION)
     b_Ad = b_A.to(DT)
+    if STORE_A:  # the backward takes this inverse rather than solving again (in this dtype, as its products)
+        tl.store(_row_ptrs(solve, tok0, o_t, i_hv, HV, BT, o_t), b_Ad, mask=m_t[:, None])
 
     # -- Y = A (E * exp(G)), U = A Z --------------------------------------------------------------
     # As for the gram: rolled for fp32, unrolled for 16-bit. Static report, sm_90, Triton 3.9: unrolled, the
@@ -608,7 +610,7 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 # alone both matched float64, forward and backward (benchmarks/results/2026-12-04-nvidia-h200/README.md).
 _prep_fwd = autotune(_warps_stages((8,), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
-                          "SOLVE_BLOCK"])(
+                          "SOLVE_BLOCK", "STORE_A"])(
     _delta_chunk_prep_fwd_kernel)
 def _restore_state_hooks() -> tuple:
     """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
@@ -664,7 +666,7 @@ def delta_chunk_fwd(
     save_states: bool = True,
     output_v_new: bool = False,
     gate: GateInput | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Chunked forward of the delta-rule family on already transformed inputs.
 
     Inputs (l2norm and beta sigmoid already applied by the caller):
@@ -676,11 +678,14 @@ def delta_chunk_fwd(
     ``cu_seqlens: [N + 1]`` int32/int64 with ``B == 1`` (validated by the caller).
 
     Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None, h or None, v_new or
-    None)``. ``v_new`` (with ``output_v_new``): the writes ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)``,
+    None, A or None)``. ``v_new`` (with ``output_v_new``): the writes ``w_t * v_t - (D_t S_{t-1})^T (b_t k_t)``,
     ``[B, T, HV, V]`` in v.dtype, the ``U - Y S`` the state pass forms (stored from registers).
     ``h``: chunk-start states, float32 ``[total_chunks, HV, K, V]``; chunks are numbered per
     sequence as in ``delta_chunk_common.chunk_indices`` (``sum_n ceil(T_n / chunk_size)``, or
     ``B * ceil(T / chunk_size)`` ordered b-major); ``h[c]`` is the state before chunk ``c``.
+    ``A`` (with ``save_states``, for the backward): each chunk's ``(I + L)^-1`` in q's dtype (the dtype of
+    the products it enters, forward and backward), ``[B, T, HV, chunk_size]``, row ``t`` of a chunk at token
+    ``t`` (the layout of ``Aqk``).
     q, k, v share one dtype (fp32, fp16, bf16); accumulation is fp32.
     """
     B, T, H, K = q.shape
@@ -698,11 +703,13 @@ def delta_chunk_fwd(
     wy = q.new_empty(B, T, HV, K)
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
+    solve = q.new_empty(B, T, HV, BT) if save_states else None
     if index.total > 0:
         warpgroup_mma = has_warpgroup_mma(q.device)
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=warpgroup_mma)
         _prep_fwd[(index.total * HV,)](
-            q, k, v, g, b, w, gcum, wy, u, aqk, cu_seqlens, index.indices, scale=scale, T=T, NT=index.per_sequence,
+            q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, cu_seqlens, index.indices,
+            scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None,
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
@@ -733,4 +740,5 @@ def delta_chunk_fwd(
         _out_fwd[(index.total * HV, cdiv(V, bv_out))](
             q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
             DECAY=flags["DECAY"], BK=bk_out, NK=nk_out, **common)
-    return o, (ht if output_final_state else None), (h if save_states else None), (v_new if output_v_new else None)
+    return (o, (ht if output_final_state else None), (h if save_states else None), (v_new if output_v_new else None),
+            solve)

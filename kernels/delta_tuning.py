@@ -3,9 +3,10 @@
 A ``DeltaTuning`` holds the choices that change how the kernels compute, never what (every choice is
 tested against the float64 reference under the interpreter):
 
-* ``solve_block``: the forward's unit-triangular solve. 64 (the chunk): elimination over all rows in fp32
-  on CUDA cores, the default; 16 or 32: elimination inside 16- or 32-row diagonal blocks, merged with
-  tensor-core products (``kernels/delta_chunk_fwd.py``, ``_block_unit_lower_inverse``).
+* ``solve_block``: the unit-triangular solve, the forward's (the backward reads the inverse the forward
+  keeps). 64 (the chunk): elimination over all rows in fp32 on CUDA cores, the default; 16 or 32:
+  elimination inside 16- or 32-row diagonal blocks, merged with tensor-core products
+  (``kernels/delta_chunk_fwd.py``, ``_block_unit_lower_inverse``).
 * ``output_kernel``: the forward's output. False: computed inside the sequential state pass (the
   default); True: the state pass saves each chunk's start state and writes, and a separate kernel computes
   every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).
@@ -20,10 +21,10 @@ tested against the float64 reference under the interpreter):
   warpgroup products); True: in memory (two reads and a write of each key block per chunk, narrower key
   blocks); False: in registers (at most four key blocks).
 * ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
-  ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values). False: the forward's state pass saves
-  them for the backward (the default); True: it saves nothing of them and the backward runs the chunked
-  forward again to recompute them first (less memory between forward and backward, for one more forward;
-  fla's own default). Read when the forward runs (under ``torch.compile``, when it is traced).
+  ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values) and of the chunks' inverses ``A``
+  (``[B, T, HV, C]`` in the inputs' dtype). False: the forward saves both for the backward (the default); True: it saves neither
+  and the backward runs the chunked forward again to recompute them first (less memory between forward
+  and backward, for one more forward; fla's own default). Read when the forward runs (under ``torch.compile``, when it is traced).
 
 ``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
 benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_delta_bwd_math import chunk_start_states, make_inputs, recurrent_ref
+from test_delta_bwd_math import chunk_inverses, chunk_start_states, make_inputs, recurrent_ref
 from tolerances import assert_close
 
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
@@ -49,7 +49,8 @@ def run_bwd(inputs, scale, cu_seqlens, do, dfinal, chunk_size):
 
     q, k, v, g, b, w, h0 = inputs
     h = chunk_start_states(q, k, v, g, b, w, scale, h0, cu_seqlens, chunk_size)
-    return delta_chunk_bwd(q, k, v, g, b, w, scale, h0, h, do, dfinal, cu_seqlens, chunk_size)
+    A = chunk_inverses(k, g, b, v.shape[2], cu_seqlens, chunk_size).to(q.dtype)
+    return delta_chunk_bwd(q, k, v, g, b, w, scale, h0, h, A, do, dfinal, cu_seqlens, chunk_size)
 
 
 def build_case(B, T, H, HV, K, V, kinds, dtype=torch.float32, seqlens=None, init=True, final_grad=True,

@@ -4,7 +4,9 @@ Shared by the kernel tests (tests/test_delta_bwd.py, tests/test_delta_bwd_gpu.py
 
 * ``recurrent_ref``: the token-by-token recurrence in float64 (DESIGN.md, "The delta-rule family"),
   which also records the chunk-start states ``h`` the forward hands to the backward.
-* ``chunk_forward``: one chunk as closed-form matrix equations (A = (I + M)^-1, U, O, S_C).
+* ``chunk_inverse`` / ``chunk_inverses``: a chunk's ``A = (I + M)^-1``, and all of them laid out as the
+  forward stores them for the backward.
+* ``chunk_forward``: one chunk as closed-form matrix equations (A, U, O, S_C).
 * ``chunk_backward``: the hand-derived gradients of ``chunk_forward`` that the Triton kernels implement
   (kernels/delta_chunk_bwd.py module docstring).
 
@@ -101,6 +103,33 @@ def _expand(x, width):
     return x[:, None].expand(-1, width) if x.dim() == 1 else x
 
 
+def chunk_inverse(k, g, b):
+    """``A = (I + M)^-1`` of one chunk, ``M_ij = sum_c b_ic k_ic k_jc exp(G_ic - G_jc)`` for ``j < i``
+    (k [C, K], g [C] / [C, K] / None, b [C] / [C, K]; ``G`` the cumulative sum of ``g``)."""
+    C, K = k.shape
+    G = torch.zeros(C, K, dtype=k.dtype, device=k.device) if g is None else torch.cumsum(_expand(g, K), 0)
+    gate = torch.exp(G[:, None, :] - G[None, :, :])  # [i, j, c]; only j < i is used
+    M = torch.tril(torch.einsum("ic,jc,ijc->ij", k * _expand(b, K), k, gate), -1)
+    return torch.linalg.inv(torch.eye(C, dtype=k.dtype, device=k.device) + M)
+
+
+def chunk_inverses(k, g, b, HV, cu_seqlens, chunk_size):
+    """``A`` laid out as the forward stores it for the backward, ``[B, T, HV, chunk_size]`` (float64; the
+    kernels' is in q's dtype), each chunk's ``chunk_inverse`` in the rows of its tokens (columns past a short last
+    chunk are 0). ``b`` None: 1."""
+    B, T, H, _ = k.shape
+    A = torch.zeros(B, T, HV, chunk_size, dtype=F64, device=k.device)
+    for i_b, bos, eos in _sequences(B, T, cu_seqlens):
+        for t0 in range(bos, eos, chunk_size):
+            t1 = min(t0 + chunk_size, eos)
+            for hv in range(HV):
+                k_c = k[i_b, t0:t1, hv // (HV // H)].to(F64)
+                b_c = k_c.new_ones(t1 - t0) if b is None else b[i_b, t0:t1, hv].to(F64)
+                g_c = None if g is None else g[i_b, t0:t1, hv].to(F64)
+                A[i_b, t0:t1, hv, :t1 - t0] = chunk_inverse(k_c, g_c, b_c)
+    return A
+
+
 def chunk_forward(q, k, v, g, b, w, scale, S0):
     """q, k [C, K], v [C, V], g [C] / [C, K] / None, b [C] / [C, K], w [C] / [C, V], S0 [K, V] -> (O, S_C)."""
     C, K = q.shape
@@ -108,9 +137,8 @@ def chunk_forward(q, k, v, g, b, w, scale, S0):
     G = torch.zeros(C, K, dtype=q.dtype) if g is None else torch.cumsum(_expand(g, K), 0)
     E, Z = k * _expand(b, K), v * _expand(w, V)
     gate = torch.exp(G[:, None, :] - G[None, :, :])  # [i, j, c]; only j <= i is used
-    M = torch.tril(torch.einsum("ic,jc,ijc->ij", E, k, gate), -1)
     P = torch.tril(scale * torch.einsum("ic,jc,ijc->ij", q, k, gate))
-    A = torch.linalg.inv(torch.eye(C, dtype=q.dtype) + M)
+    A = chunk_inverse(k, g, b)
     U = A @ (Z - (E * torch.exp(G)) @ S0)
     O = (scale * q * torch.exp(G)) @ S0 + P @ U
     S_C = torch.exp(G[-1])[:, None] * S0 + (k * torch.exp(G[-1] - G)).T @ U
@@ -126,9 +154,8 @@ def chunk_backward(q, k, v, g, b, w, scale, S0, dO, dH):
     E, Z = k * bK, v * wV
     gamma, tail = torch.exp(G), torch.exp(G[-1] - G)
     gate = torch.exp(G[:, None, :] - G[None, :, :])
-    M = torch.tril(torch.einsum("ic,jc,ijc->ij", E, k, gate), -1)
     P = torch.tril(scale * torch.einsum("ic,jc,ijc->ij", q, k, gate))
-    A = torch.linalg.inv(torch.eye(C, dtype=q.dtype) + M)
+    A = chunk_inverse(k, g, b)
     Qg, Eb, Kt = scale * q * gamma, E * gamma, k * tail
     U = A @ (Z - Eb @ S0)
     dU = P.T @ dO + Kt @ dH

@@ -229,7 +229,7 @@ def test_separate_output_kernel(monkeypatch, variant):
         o_ref, s_ref = reference(*inputs[:6], scale, s0, cu)
         plain = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
         with delta_tuning(output_kernel=True):
-            o, s, h, v_new = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
+            o, s, h, v_new, _ = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
             assert fwd.delta_chunk_fwd(*args, save_states=save_states)[3] is None
         assert_close("o", o, o_ref)
         assert_close("final_state", s, s_ref)
@@ -268,6 +268,27 @@ def test_blocked_triangular_solve(monkeypatch, solve_block, variant):
     with delta_tuning(solve_block=solve_block):
         check_against_reference(variant, 1, 100, 2, 2, 32, 32, varlen=[0, 70, 71, 100], h0=True, decay=(0.0, 4.0))
     assert launched == [(solve_block,)]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("solve_block", [16, 64])
+def test_inverse_kept_for_the_backward(variant, solve_block):
+    """With the states saved the forward keeps each chunk's ``(I + M)^-1`` (the backward reads it and does not
+    solve), equal to the chunk equations' inverse, dense and varlen; without, it keeps none."""
+    from test_delta_bwd_math import chunk_inverses
+
+    import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    for varlen, B in ((None, 2), ([0, 70, 71, 100], 1)):
+        q, k, v, g, b, w, s0, cu = make_inputs(variant, B, 100, 2, 4, 32, 16, varlen=varlen, h0=True,
+                                               decay=(0.0, 2.0), key_overlap=1.0)
+        args = (q, k, v, g, b, w, 32 ** -0.5, s0, False, cu)
+        with delta_tuning(solve_block=solve_block):
+            A = fwd.delta_chunk_fwd(*args, save_states=True)[4]
+            assert fwd.delta_chunk_fwd(*args, save_states=False)[4] is None
+        assert A.dtype == q.dtype
+        assert_close("A", A, chunk_inverses(k, g, b, v.shape[2], cu, 64))
 
 
 @pytest.mark.parametrize("solve_block", [16, 32, 64])

@@ -52,12 +52,12 @@ class FloorChunkPrep:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            cu_seqlens, indices, T = args[10], args[11], kwargs["T"]
+            cu_seqlens, indices, T = args[11], args[12], kwargs["T"]
             seq, within = indices[:, 0].long(), indices[:, 1].long()
             lens = torch.full_like(seq, T) if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).long()[seq]
             full = indices[(within + 1) * kwargs["BT"] <= lens].contiguous()
             if full.shape[0]:
-                self.kernel[(full.shape[0] * kwargs["HV"],)](*args[:11], full, *args[12:], **kwargs)
+                self.kernel[(full.shape[0] * kwargs["HV"],)](*args[:12], full, *args[13:], **kwargs)
 
         return launch
 

@@ -133,9 +133,10 @@ def test_fla_1077_delta_grids_stay_within_cuda_limits(monkeypatch, shape):
     v = torch.empty(B, T, HV, V, **meta)
     g, beta = torch.empty(B, T, HV, K, device="meta"), torch.empty(B, T, HV, device="meta")
     h0 = torch.empty(B, HV, K, V, device="meta")
-    o, ht, h, _ = fwd.delta_chunk_fwd(q, k, v, g, beta, beta, 0.1, h0, True, None, chunk_size=64, save_states=True)
-    assert h.shape == (B * triton.cdiv(T, 64), HV, K, V)
-    bwd.delta_chunk_bwd(q, k, v, g, beta, beta, 0.1, h0, h, torch.empty_like(v), ht, None, 64)
+    o, ht, h, _, A = fwd.delta_chunk_fwd(q, k, v, g, beta, beta, 0.1, h0, True, None, chunk_size=64,
+                                         save_states=True)
+    assert h.shape == (B * triton.cdiv(T, 64), HV, K, V) and A.shape == (B, T, HV, 64)
+    bwd.delta_chunk_bwd(q, k, v, g, beta, beta, 0.1, h0, h, A, torch.empty_like(v), ht, None, 64)
     rec.delta_recurrent_fwd(q, k, v, g, beta, beta, 0.1, h0, True, None)
     _check_grids(grids)
     _check_grids(grids_bwd)

@@ -20,8 +20,9 @@ fla compatibility (an fla 0.6 call runs unchanged after changing the import):
   Triton launchers still read their chunk count from the device once),
   ``chunk_indices`` (lamina computes its own), ``disable_recompute``, ``use_graph``,
   ``max_num_seqs`` (performance hints of fla's kernels). Lamina's training forward saves the chunk
-  states for the backward, whatever ``disable_recompute`` says; ``delta_tuning(recompute_states=True)``
-  (``lamina.kernels.delta_tuning``) has the backward recompute them instead, as fla does by default.
+  states and each chunk's triangular inverse for the backward, whatever ``disable_recompute`` says;
+  ``delta_tuning(recompute_states=True)`` (``lamina.kernels.delta_tuning``) has the backward recompute them
+  instead, as fla does by default.
 * Refused when not at fla's default (NotImplementedError naming the parameter):
   ``return_intermediate_states=True``, ``head_first=True``, ``gv`` not None, and a
   per-value-channel ``beta [B, T, HV, V]``. ``cp_context`` takes lamina's own

@@ -14,7 +14,8 @@ Paths (``lamina._dispatch.select_backend``):
   ``torch.library.custom_op`` s with fake implementations and ``register_autograd``, wrapping
   ``kernels.delta_chunk_fwd`` (chunked or token-by-token forward) and
   ``kernels.delta_chunk_bwd``. The token-by-token forward keeps no chunk states; its backward
-  first recomputes them with the chunked forward, so both forwards share one backward.
+  first recomputes them (and the chunks' inverses) with the chunked forward, so both forwards share one
+  backward.
 * ``"torch"``: ``lamina.ops.delta_rule_cpu`` (``delta_rule_family_chunk_torch``, and
   ``delta_rule_family_recurrent_torch`` for the token-by-token ops: the same chunked form),
   vectorised differentiable PyTorch, tested against the naive references in ``lamina.reference``.
@@ -219,10 +220,11 @@ def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
            "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states, "
            "bool output_v_new, bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound) "
-           "-> (Tensor, Tensor, Tensor, Tensor)")
+           "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
             save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound):
-    """(o, final_state or [0], h or [0], v_new or [0]): empty 1-d tensors stand for None (ops return tensors).
+    """(o, final_state or [0], h or [0], v_new or [0], A or [0]): empty 1-d tensors stand for None (ops return
+    tensors). ``h`` and ``A`` (the chunk-start states and each chunk's inverse) are what the backward reads.
 
     ``v_new`` (the writes, for cross-layer error routing) comes from the chunked state pass; the token-by-token
     kernel does not form it, so a call that asks for it runs the chunked forward (the same map).
@@ -232,18 +234,19 @@ def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqle
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
     from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
 
-    h = v_new = None
+    h = v_new = solve = None
     if recurrent and not output_v_new:
         if gate_in_kernel:
             g = gate_activation(g, A_log, dt_bias, lower_bound)
         o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)
     else:
-        o, ht, h, v_new = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                          chunk_size=chunk_size, save_states=save_states, output_v_new=output_v_new,
-                                          gate=_gate_input(gate_in_kernel, A_log, dt_bias, lower_bound))
+        o, ht, h, v_new, solve = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state,
+                                                 cu_seqlens, chunk_size=chunk_size, save_states=save_states,
+                                                 output_v_new=output_v_new,
+                                                 gate=_gate_input(gate_in_kernel, A_log, dt_bias, lower_bound))
     empty = q.new_zeros(0, dtype=torch.float32)
     return (o, (empty if ht is None else ht), (empty.clone() if h is None else h),
-            (empty.clone() if v_new is None else v_new))
+            (empty.clone() if v_new is None else v_new), (empty.clone() if solve is None else solve))
 
 
 def _gate_input(gate_in_kernel: bool, A_log, dt_bias, lower_bound):
@@ -262,32 +265,35 @@ def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seq
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else q.new_empty(0, dtype=torch.float32)
     if (recurrent and not output_v_new) or not save_states:
         h = q.new_empty(0, dtype=torch.float32)
+        solve = q.new_empty(0, dtype=torch.float32)
     else:
         n_chunks = B * (-(-T // chunk_size)) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
         h = q.new_empty(n_chunks, HV, K, V, dtype=torch.float32)
+        solve = q.new_empty(B, T, HV, chunk_size)
     v_new = torch.empty_like(v) if output_v_new else q.new_empty(0, dtype=torch.float32)
-    return o, ht, h, v_new
+    return o, ht, h, v_new, solve
 
 
 @torch.library.custom_op(
     "lamina::delta_rule_bwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
-           "Tensor h, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new, "
+           "Tensor h, Tensor solve, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new, "
            "bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound) "
            "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new, gate_in_kernel,
-            A_log, dt_bias, lower_bound):
+def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlens, chunk_size, dv_new,
+            gate_in_kernel, A_log, dt_bias, lower_bound):
     """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0], dA_log or [0], ddt_bias or [0]); ``dv_new``:
     gradient of the returned writes; with ``gate_in_kernel`` ``dg`` is the raw gate input's gradient."""
     from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
 
     gate = _gate_input(gate_in_kernel, A_log, dt_bias, lower_bound)
-    if _none_if_empty(h) is None:  # token-by-token forward or recompute_states: recompute the chunk-start states
-        _, _, h, _ = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
-                                     chunk_size=chunk_size, save_states=True, gate=gate)
-    dq, dk, dv, dg, db, dw, dh0, *dgate = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, do.contiguous(),
-                                                          dht, cu_seqlens, chunk_size, dv_new=dv_new, gate=gate)
+    if _none_if_empty(h) is None:  # token-by-token forward or recompute_states: the states and inverses again
+        _, _, h, _, solve = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
+                                            chunk_size=chunk_size, save_states=True, gate=gate)
+    dq, dk, dv, dg, db, dw, dh0, *dgate = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, solve,
+                                                          do.contiguous(), dht, cu_seqlens, chunk_size, dv_new=dv_new,
+                                                          gate=gate)
     empty = q.new_zeros(0, dtype=torch.float32)
     dA_log, ddt_bias = dgate or (None, None)
     return (dq, dk, dv, empty if dg is None else dg, db, dw,
@@ -296,8 +302,8 @@ def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chun
 
 
 @_bwd_op.register_fake
-def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, chunk_size, dv_new, gate_in_kernel,
-              A_log, dt_bias, lower_bound):
+def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlens, chunk_size, dv_new,
+              gate_in_kernel, A_log, dt_bias, lower_bound):
     empty = q.new_empty(0, dtype=torch.float32)
     like = lambda x, used: torch.empty_like(x) if used and x is not None else empty.clone()  # noqa: E731
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -308,21 +314,21 @@ def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, do, dht, cu_seqlens, ch
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _, output_v_new, gate_in_kernel, A_log,
      dt_bias, lower_bound) = inputs
-    ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2], A_log, dt_bias)
+    ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2], output[4], A_log, dt_bias)
     ctx.scale, ctx.chunk_size, ctx.output_v_new = scale, chunk_size, output_v_new
     ctx.gate_in_kernel, ctx.lower_bound = gate_in_kernel, lower_bound
 
 
-def _backward(ctx, do, dht, _dh, dv_new):
+def _backward(ctx, do, dht, _dh, dv_new, _solve):
     # one gradient per input of lamina::delta_rule_fwd: q, k, v, g, b, w, scale, initial_state,
     # output_final_state, cu_seqlens, chunk_size, recurrent, save_states, output_v_new, gate_in_kernel, A_log,
     # dt_bias, lower_bound
-    q, k, v, g, b, w, initial_state, cu_seqlens, h, A_log, dt_bias = ctx.saved_tensors
+    q, k, v, g, b, w, initial_state, cu_seqlens, h, solve, A_log, dt_bias = ctx.saved_tensors
     dht = _none_if_empty(dht) if dht is not None else None
     dv_new = dv_new if ctx.output_v_new else None
     do = torch.zeros_like(v) if do is None else do
     dq, dk, dv, dg, db, dw, dh0, dA_log, ddt_bias = _bwd_op(
-        q, k, v, g, b, w, ctx.scale, initial_state, h, do, dht, cu_seqlens, ctx.chunk_size, dv_new,
+        q, k, v, g, b, w, ctx.scale, initial_state, h, solve, do, dht, cu_seqlens, ctx.chunk_size, dv_new,
         ctx.gate_in_kernel, A_log, dt_bias, ctx.lower_bound)
     return (dq, dk, dv, _none_if_empty(dg) if g is not None else None, db, dw, None,
             dh0 if initial_state is not None else None, None, None, None, None, None, None, None,
@@ -412,7 +418,7 @@ def delta_rule_core(
     # to recompute them (as it does after the token-by-token forward)
     save_states = needs_grad and (output_v_new or not recurrent) and not active_tuning().recompute_states
     A_log, dt_bias, lower_bound = gate or (None, None, None)
-    o, ht, _, v_new = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
+    o, ht, _, v_new, _ = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
                               chunk_size, recurrent, save_states, output_v_new, gate is not None, A_log, dt_bias,
                               None if lower_bound is None else float(lower_bound))
     return o, (ht if output_final_state else None), (v_new if output_v_new else None)
