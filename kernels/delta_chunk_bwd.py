@@ -33,8 +33,8 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
 
 1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``P``, and everything that needs ``S0`` or
    ``dO`` but not ``dH``: ``U``, ``P^T dO`` and ``Qg^T dO``. ``A`` is not solved again: the forward's
-   prep kernel stores it (``[tokens, HV, BT]`` in the activations' dtype, that of every product it enters)
-   with the chunk-start states, so one solve serves both directions. It writes ``U`` and ``P^T dO`` (fp32,
+   prep kernel stores it (fp32 ``[tokens, HV, BT]``) with the chunk-start states, so one solve serves both
+   directions. It writes ``U`` and ``P^T dO`` (fp32,
    the size of ``v``) and ``Qg^T dO`` (fp32, into the ``dH`` buffer, the size of ``h``).
 2. ``_delta_chunk_bwd_dh_kernel`` (sequence x value head x V block): the reverse scan over chunks,
    ``dU``, ``dR``, ``dv``, ``dw`` and ``dS0`` with ``dH`` in registers (up to four key blocks: 16-bit
@@ -383,8 +383,8 @@ def delta_chunk_bwd(
             None means a gate of 1. ``b`` and ``w`` may be the same tensor.
         scale: query scale. initial_state: [N, HV, K, V] float32 or None.
         h: chunk-start states of the forward, float32 [total_chunks, HV, K, V] (state before chunk c).
-        A: the forward's inverses ``(I + M)^-1``, [B, T, HV, chunk_size] in q's dtype (``delta_chunk_fwd``
-            with ``save_states``).
+        A: the forward's inverses ``(I + M)^-1``, float32 [B, T, HV, chunk_size] (``delta_chunk_fwd`` with
+            ``save_states``).
         do: [B, T, HV, V]. dfinal_state: [N, HV, K, V] or None (zero).
         cu_seqlens: [N + 1] int32/int64 sequence offsets (B == 1) or None.
         chunk_size: 16, 32 or 64.
@@ -424,7 +424,7 @@ def delta_chunk_bwd(
     n_chunks, nt = index.total, index.per_sequence
     check_tensor("h", h, dtypes=(torch.float32,))
     check_shape("h", h, (n_chunks, HV, K, V), "chunk-start states [total_chunks, HV, K, V]")
-    check_tensor("A", A, dtypes=(q.dtype,))
+    check_tensor("A", A, dtypes=(torch.float32,))
     check_shape("A", A, (B, T, HV, BT), "the forward's inverses [B, T, HV, chunk_size]")
     state_shape = (N, HV, K, V)
     if initial_state is not None:

@@ -374,9 +374,12 @@ def _delta_chunk_prep_fwd_kernel(
             b_P = tl.dot(tl.where(diag, 1.0 - b_M, -b_M), tl.where(diag, 1.0 + b_M2, b_M2),
                          input_precision=DOT_PRECISION)
         b_A = tl.dot(b_P, b_Di, input_precision=DOT_PRECISION)
+    if STORE_A:
+        # The backward takes this inverse rather than solving again. In fp32: read in the activations' dtype,
+        # the backward's scan kernel (its A^T through transposed pointers) spilled 6-12 STL in the scan_bv=32
+        # rows of GDN and KDA bf16/fp16 K = 128 on sm_90 (Triton 3.9).
+        tl.store(_row_ptrs(solve, tok0, o_t, i_hv, HV, BT, o_t), b_A, mask=m_t[:, None])
     b_Ad = b_A.to(DT)
-    if STORE_A:  # the backward takes this inverse rather than solving again (in this dtype, as its products)
-        tl.store(_row_ptrs(solve, tok0, o_t, i_hv, HV, BT, o_t), b_Ad, mask=m_t[:, None])
 
     # -- Y = A (E * exp(G)), U = A Z --------------------------------------------------------------
     # As for the gram: rolled for fp32, unrolled for 16-bit. Static report, sm_90, Triton 3.9: unrolled, the
@@ -683,9 +686,8 @@ def delta_chunk_fwd(
     ``h``: chunk-start states, float32 ``[total_chunks, HV, K, V]``; chunks are numbered per
     sequence as in ``delta_chunk_common.chunk_indices`` (``sum_n ceil(T_n / chunk_size)``, or
     ``B * ceil(T / chunk_size)`` ordered b-major); ``h[c]`` is the state before chunk ``c``.
-    ``A`` (with ``save_states``, for the backward): each chunk's ``(I + L)^-1`` in q's dtype (the dtype of
-    the products it enters, forward and backward), ``[B, T, HV, chunk_size]``, row ``t`` of a chunk at token
-    ``t`` (the layout of ``Aqk``).
+    ``A`` (with ``save_states``, for the backward): each chunk's ``(I + L)^-1``, float32
+    ``[B, T, HV, chunk_size]``, row ``t`` of a chunk at token ``t`` (the layout of ``Aqk``).
     q, k, v share one dtype (fp32, fp16, bf16); accumulation is fp32.
     """
     B, T, H, K = q.shape
@@ -703,7 +705,7 @@ def delta_chunk_fwd(
     wy = q.new_empty(B, T, HV, K)
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
-    solve = q.new_empty(B, T, HV, BT) if save_states else None
+    solve = q.new_empty(B, T, HV, BT, dtype=torch.float32) if save_states else None
     if index.total > 0:
         warpgroup_mma = has_warpgroup_mma(q.device)
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=warpgroup_mma)

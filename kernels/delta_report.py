@@ -109,7 +109,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                   "STORE_A": True, "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}),
                   **no_gate}
         prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
-                                   "u": io, "aqk": io, "solve": io, "cu_seqlens": "constexpr",
+                                   "u": io, "aqk": io, "solve": "*fp32", "cu_seqlens": "constexpr",
                                    "chunk_indices": "constexpr", "A_log": "*fp32", "dt_bias": "*fp32", "lower_bound": "fp32",
                                    "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr",
                                    "BV": "constexpr"},
@@ -186,7 +186,7 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
     types = {
         "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
-        "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": act, "dh_buf": f32, "U_buf": f32,
+        "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
         "dR_buf": f32, "dg": f32, "dg_a": f32, "A_log": f32, "dt_bias": f32, "lower_bound": "fp32",
         "db": act if erase == GateKind.CHANNEL else f32,
         "dw": act if write == GateKind.CHANNEL else f32,

@@ -21,8 +21,8 @@ tested against the float64 reference under the interpreter):
   warpgroup products); True: in memory (two reads and a write of each key block per chunk, narrower key
   blocks); False: in registers (at most four key blocks).
 * ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
-  ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values) and of the chunks' inverses ``A``
-  (``[B, T, HV, C]`` in the inputs' dtype). False: the forward saves both for the backward (the default); True: it saves neither
+  ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values) and of the chunks' inverses ``A`` (fp32
+  ``[B, T, HV, C]``). False: the forward saves both for the backward (the default); True: it saves neither
   and the backward runs the chunked forward again to recompute them first (less memory between forward
   and backward, for one more forward; fla's own default). Read when the forward runs (under ``torch.compile``, when it is traced).
 

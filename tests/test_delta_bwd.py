@@ -49,7 +49,7 @@ def run_bwd(inputs, scale, cu_seqlens, do, dfinal, chunk_size):
 
     q, k, v, g, b, w, h0 = inputs
     h = chunk_start_states(q, k, v, g, b, w, scale, h0, cu_seqlens, chunk_size)
-    A = chunk_inverses(k, g, b, v.shape[2], cu_seqlens, chunk_size).to(q.dtype)
+    A = chunk_inverses(k, g, b, v.shape[2], cu_seqlens, chunk_size).float()
     return delta_chunk_bwd(q, k, v, g, b, w, scale, h0, h, A, do, dfinal, cu_seqlens, chunk_size)
 
 

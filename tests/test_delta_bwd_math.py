@@ -115,7 +115,7 @@ def chunk_inverse(k, g, b):
 
 def chunk_inverses(k, g, b, HV, cu_seqlens, chunk_size):
     """``A`` laid out as the forward stores it for the backward, ``[B, T, HV, chunk_size]`` (float64; the
-    kernels' is in q's dtype), each chunk's ``chunk_inverse`` in the rows of its tokens (columns past a short last
+    kernels' is float32), each chunk's ``chunk_inverse`` in the rows of its tokens (columns past a short last
     chunk are 0). ``b`` None: 1."""
     B, T, H, _ = k.shape
     A = torch.zeros(B, T, HV, chunk_size, dtype=F64, device=k.device)

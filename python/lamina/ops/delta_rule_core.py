@@ -269,7 +269,7 @@ def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seq
     else:
         n_chunks = B * (-(-T // chunk_size)) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
         h = q.new_empty(n_chunks, HV, K, V, dtype=torch.float32)
-        solve = q.new_empty(B, T, HV, chunk_size)
+        solve = q.new_empty(B, T, HV, chunk_size, dtype=torch.float32)
     v_new = torch.empty_like(v) if output_v_new else q.new_empty(0, dtype=torch.float32)
     return o, ht, h, v_new, solve
 
