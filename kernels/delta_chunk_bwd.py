@@ -162,8 +162,11 @@ def _delta_chunk_bwd_prep_kernel(
     # formed here, in parallel over chunks, rather than in the sequential scan:
     #   U = A (Z - Eb S0),  dU0 = P^T dO (+ dV_new; the scan adds Kt dH),  Qg^T dO (the scan adds it to dS0)
     # A is the forward's inverse (its prep kernel stores it with the states): the backward does not solve.
-    # It is read where each V block's U = A (Z - Eb S0) takes it (from L2 after the first): held across the
-    # loop, sm_80 GDN bf16 K = 512 compiled to 128 registers and 1 STL (static report, Triton 3.9).
+    # 16-bit: read where each V block's U = A (Z - Eb S0) takes it (from L2 after the first); held across the
+    # loop, sm_80 GDN bf16 K = 512 compiled to 128 registers and 1 STL (static report, Triton 3.9). fp32:
+    # held; read per V block, KDA and GDN-2 fp32 use_gate_in_kernel spilled 5-9 STL on sm_90 (Triton 3.6).
+    if DT == tl.float32:
+        A_c = load_tile(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT)
     if ERASE == GATE_SCALAR:
         b_s = load_vec(b + i_hv, t0, L, HV, o_t)
     # P^T: with P_PRODUCT (dense decays on Hopper) formed as a product of its own above, not with tl.trans
@@ -203,7 +206,8 @@ def _delta_chunk_bwd_prep_kernel(
             rhs -= tl.dot(e_g.to(DT), S0, input_precision=DOT_PRECISION)
             dS_q = tl.dot(tl.trans(q_g.to(DT)), do_t, input_precision=DOT_PRECISION)
             state_block_io(dh_out, chunk_state, k0, o_k, v0 + o_bv, dS_q, K, V, False)
-        A_c = load_tile(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT).to(DT)
+        if DT != tl.float32:
+            A_c = load_tile(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT).to(DT)
         U = tl.dot(A_c, rhs.to(DT), input_precision=DOT_PRECISION)
         store_tile(U_out, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V, U)
 
