@@ -245,9 +245,10 @@ def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
     L[j, c] X[c]``), the coefficients came out of a column sum and were used down the rows, a layout change
     of a ``[BT]`` vector per step: with 16- and 32-row blocks this kernel spilled on sm_90 (static report:
     243-393 STL under Triton 3.9, 230-264 under 3.6). The backward does not solve: it reads the inverse this
-    kernel stores (``STORE_A``). Not built transposed and turned with ``tl.trans`` either: the transpose of a tile in a product's layout,
-    stored to shared memory for the next product (TTGIR: ``local_alloc`` of a ``#linear`` tensor), is what
-    Triton 3.4-3.6 miscompiles on Hopper (fla issue #640: wrong gradients; fla routes around it the same way)."""
+    kernel stores (``STORE_A``). Not built transposed and turned with ``tl.trans`` either: the transpose of a
+    tile in a product's layout, stored to shared memory for the next product (TTGIR: ``local_alloc`` of a
+    ``#linear`` tensor), is what Triton 3.4-3.6 miscompiles on Hopper (fla issue #640: wrong gradients; fla
+    routes around it the same way)."""
     first = (o_t // BLOCK) * BLOCK
     same = first[:, None] == first[None, :]
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
@@ -375,9 +376,9 @@ def _delta_chunk_prep_fwd_kernel(
                          input_precision=DOT_PRECISION)
         b_A = tl.dot(b_P, b_Di, input_precision=DOT_PRECISION)
     if STORE_A:
-        # The backward takes this inverse rather than solving again. In fp32: read in the activations' dtype,
-        # the backward's scan kernel (its A^T through transposed pointers) spilled 6-12 STL in the scan_bv=32
-        # rows of GDN and KDA bf16/fp16 K = 128 on sm_90 (Triton 3.9).
+        # The backward takes this inverse rather than solving again. Stored in fp32: in the activations' dtype,
+        # the backward's scan kernel (reading A^T through transposed pointers) spilled 6-12 STL in the
+        # scan_bv=32 rows of GDN and KDA bf16/fp16 at K = 128 on sm_90 (Triton 3.9).
         tl.store(_row_ptrs(solve, tok0, o_t, i_hv, HV, BT, o_t), b_A, mask=m_t[:, None])
     b_Ad = b_A.to(DT)
 
