@@ -79,30 +79,25 @@ from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 # a V tile of 64 spilled; per-channel with BK = 64 spilled; scalar decay with BK = 32 spilled.
 PREP_BLOCK_V = 32
 PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
-# K tile for fp32 activations, whose tf32x3 products split every operand in two. Static report (sm_90,
-# K = 64 to 512): with the 16-bit tiles the prep spilled 2-174 STL from K = 128 on (KDA and GDN-2 from
-# K = 64); with these, and the kernel's key loop rolled for fp32, none did.
-PREP_BLOCK_K_FP32 = {DecayKind.NONE: 32, DecayKind.SCALAR: 32, DecayKind.CHANNEL: 16}
-# The fp32 K tile on targets without warpgroup products (mma.sync keeps every operand in registers). Static
-# report, sm_80, Triton 3.9: DeltaNet and GDN spilled 32-40 STL at K = 128 with 32-column blocks and compile
-# to 254-255 registers without spills at 16 (K = 64 to 512). Per-channel decay spilled 8-10 STL at 16 until
-# its sub-block loop was rolled (see _gram_key_block).
-PREP_BLOCK_K_FP32_MMA_SYNC = 16
-# The fp32 V tile on those targets. Static report, sm_80, K = 64 to 512, Triton 3.6 and 3.9, with the solve by
+# K tile for fp32 activations, whose tf32x3 products split every operand in two, on every target and for every
+# variant; the kernel's key loop is rolled for fp32. Static report, K = 64 to 512: with the 16-bit tiles the prep
+# spilled 2-174 STL on sm_90 from K = 128 on (KDA and GDN-2 from K = 64). DeltaNet and GDN at 32 compiled
+# without spills by default (164-203 registers on sm_90), but their solve_block=16 rows, which keep the inverse
+# for the backward (STORE_A), spilled 5-9 STL under Triton 3.9; at 16 those compile to 253-255 registers without
+# spills (3.6 and 3.9) and the defaults to 122-178. On sm_80 (mma.sync keeps every operand in registers) 32
+# spilled 32-40 STL at K = 128, and per-channel decay spilled 8-10 STL at 16 until its sub-block loop was rolled
+# (see _gram_key_block).
+PREP_BLOCK_K_FP32 = 16
+# The fp32 V tile on targets without warpgroup products. Static report, sm_80, K = 64 to 512, Triton 3.6 and 3.9, with the solve by
 # column elimination: at PREP_BLOCK_V, GDN-2 (a per-channel write gate, whose U = A Z loop loads a [BT, BV] gate
 # tile next to Z) spilled 92-98 STL and DeltaNet, GDN and KDA 0-3 (255 registers); at 16 none does (253-255).
 PREP_BLOCK_V_FP32_MMA_SYNC = 16
 
 
-def prep_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
-    """(BK, NK) of the preparation kernel's K loops, for fp32 activations (``fp32``) or 16-bit ones, on a
-    target with or without warpgroup products (``has_warpgroup_mma``)."""
+def prep_key_blocks(K: int, decay: int, fp32: bool = False) -> tuple[int, int]:
+    """(BK, NK) of the preparation kernel's K loops, for fp32 activations (``fp32``) or 16-bit ones."""
     k_pad = max(next_power_of_2(K), MIN_BLOCK)
-    if not fp32:
-        bk = PREP_BLOCK_K[decay]
-    else:
-        bk = PREP_BLOCK_K_FP32[decay] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
-    bk = min(k_pad, bk)
+    bk = min(k_pad, PREP_BLOCK_K_FP32 if fp32 else PREP_BLOCK_K[decay])
     return bk, k_pad // bk
 
 
@@ -709,7 +704,7 @@ def delta_chunk_fwd(
     solve = q.new_empty(B, T, HV, BT, dtype=torch.float32) if save_states else None
     if index.total > 0:
         warpgroup_mma = has_warpgroup_mma(q.device)
-        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32, warpgroup_mma=warpgroup_mma)
+        BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, cu_seqlens, index.indices,
             scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None,

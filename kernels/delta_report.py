@@ -118,7 +118,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         # the blocks each target runs with; one row per distinct choice
         prep_archs: dict[tuple[int, int, int], list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
-            blocks = (*prep_key_blocks(K, decay, fp32, warpgroup_mma), prep_value_block(V, fp32, warpgroup_mma))
+            blocks = (*prep_key_blocks(K, decay, fp32), prep_value_block(V, fp32, warpgroup_mma))
             prep_archs.setdefault(blocks, []).append(arch)
         for (BKP, NKP, BVP), archs in prep_archs.items():
             meta = {"attrs": prep_attrs, **({"archs": archs} if len(archs) < len(TARGETS) else {})}
@@ -127,7 +127,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP},
                                  num_warps=8, num_stages=1, meta=meta))
         alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
-        BKP, NKP = prep_key_blocks(K, decay, fp32, alt_mma)
+        BKP, NKP = prep_key_blocks(K, decay, fp32)
         BVP = prep_value_block(V, fp32, alt_mma)
         alt_rows = [(tuning.label(), {"SOLVE_BLOCK": tuning.solve_block})
                     for tuning in ALTERNATIVES if alternatives and tuning.solve_block != SOLVE_BLOCK]

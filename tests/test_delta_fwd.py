@@ -306,19 +306,16 @@ def test_triangular_solves_with_overlapping_keys(solve_block):
 @pytest.mark.parametrize("dtype,warpgroup_mma", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)],
                          ids=["fp32-sm90", "fp32-sm80", "bf16"])
 def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
-    """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; narrower still
-    on targets without warpgroup products, where the V tile narrows too), 16-bit ones the wider blocks
-    (unrolled); each gives the reference's results over several key blocks."""
+    """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; on targets
+    without warpgroup products the V tile narrows too), 16-bit ones the wider blocks (unrolled); each gives the
+    reference's results over several key blocks."""
     import lamina.kernels.delta_chunk_fwd as fwd
-    from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32, PREP_BLOCK_K_FP32_MMA_SYNC
+    from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32
 
     monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device: warpgroup_mma)
     launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BV")
     check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
-    if dtype != torch.float32:
-        want = PREP_BLOCK_K[VARIANTS[variant][0]]
-    else:
-        want = PREP_BLOCK_K_FP32[VARIANTS[variant][0]] if warpgroup_mma else PREP_BLOCK_K_FP32_MMA_SYNC
+    want = PREP_BLOCK_K_FP32 if dtype == torch.float32 else PREP_BLOCK_K[VARIANTS[variant][0]]
     # V = 32: the fp32 V tile narrows to 16 without warpgroup products
     want_bv = 16 if dtype == torch.float32 and not warpgroup_mma else 32
     assert launched == [(want, 128 // want, want_bv)] and 128 // want > 1
