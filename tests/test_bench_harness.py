@@ -24,7 +24,8 @@ def test_cpu_timing_reports_ordered_quantiles():
     assert 1.9 <= t.median_ms < 50
 
 
-def test_slow_calls_are_timed_singly_and_gradients_reset():
+@pytest.mark.parametrize("repeats", [None, 1])
+def test_slow_calls_are_timed_singly_and_gradients_reset(repeats):
     leaf = torch.ones(3, requires_grad=True)
     seen = []
 
@@ -33,8 +34,10 @@ def test_slow_calls_are_timed_singly_and_gradients_reset():
         (leaf * 2).sum().backward()
         time.sleep(0.02)
 
-    t = time_fn(step, "cpu", leaves=[leaf], config=TimingConfig(slow_call_s=0.005))
-    assert t.method == "single calls" and t.runs == SLOW_CALL_REPEATS
+    config = TimingConfig(slow_call_s=0.005, **({} if repeats is None else {"slow_call_repeats": repeats}))
+    t = time_fn(step, "cpu", leaves=[leaf], config=config)
+    # the warm-up call that finds the call slow, then the single calls
+    assert t.method == "single calls" and t.runs == (repeats or SLOW_CALL_REPEATS) == len(seen) - 1
     assert all(seen), "every timed call must start with .grad reset to None"
     assert t.median_ms >= 20
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,6 @@ import torch
 
 from lamina.bench.providers import PROVIDERS
 from lamina.bench.specs import MODES, OP_GROUPS, OPS, RUN_ORDER, SHAPE_SETS, expand_ops
-from lamina.bench.timing import TimingConfig
 
 SUBCOMMANDS = ("providers", "ceilings", "summary", "plot")
 
@@ -123,11 +123,11 @@ def _run(argv: list[str]) -> int:
                           shape_set=args.shapes or ("standard" if device == "cuda" else "small"),
                           modes=modes or None, time_budget_s=args.time_budget)
     cfg.measure_ceilings, cfg.tiny_ceilings = not args.no_ceilings, args.shapes == "tiny"
-    cfg.timing = TimingConfig(
+    cfg.timing = dataclasses.replace(
+        cfg.timing,
         warmup_ms=args.warmup_ms if args.warmup_ms is not None else cfg.timing.warmup_ms,
         rep_ms=args.rep_ms if args.rep_ms is not None else cfg.timing.rep_ms,
         cpu_min_run_s=args.cpu_min_run_s if args.cpu_min_run_s is not None else cfg.timing.cpu_min_run_s,
-        slow_call_s=cfg.timing.slow_call_s,
     )
     cfg.providers = [p for p in cfg.providers if p not in exclude]
 

@@ -23,7 +23,7 @@ from lamina.bench.inputs import grad_leaves, make_inputs
 from lamina.bench.providers import PROVIDERS, ProviderSkip, get_provider, output_of
 from lamina.bench.results import ResultWriter, environment
 from lamina.bench.specs import QUICK_CUDA_SHAPES, QUICK_OPS, get_op, shape_label, shapes_for
-from lamina.bench.timing import SLOW_CALL_REPEATS, Timing, TimingConfig, time_fn, wall_time_once
+from lamina.bench.timing import Timing, TimingConfig, time_fn, wall_time_once
 
 # Execution order within a case: lamina and the fused libraries first, slow baselines last.
 PROVIDER_ORDER = ("lamina-triton", "lamina-cuda", "fla", "flash-attn", "sdpa-flash", "sdpa-cudnn",
@@ -190,7 +190,7 @@ def measure(task: Task, cache: _InputCache, cfg: SuiteConfig, ceilings: Ceilings
             x = cache.get(task, requires_grad=task.mode != "fwd")
             fn, leaves = _prepare(task, x, cfg.device)
             first = wall_time_once(fn, cfg.device)
-        repeats_s = SLOW_CALL_REPEATS * first
+        repeats_s = cfg.timing.slow_call_repeats * first
         if first > cfg.timing.slow_call_s and deadline is not None and time.monotonic() + repeats_s > deadline:
             ms = 1e3 * first
             timing = Timing(ms, ms, ms, 1, "single call (time budget)")

@@ -33,6 +33,8 @@ class TimingConfig:
     rep_ms: float = 100.0
     cpu_min_run_s: float = 0.5
     slow_call_s: float = 0.5
+    # how many single calls time a slow call (a dry run on the CPU, where only the code path matters, takes 1)
+    slow_call_repeats: int = SLOW_CALL_REPEATS
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,9 @@ def wall_time_once(fn: Callable[[], object], device: str) -> float:
     return time.perf_counter() - start
 
 
-def _single_calls(fn: Callable[[], object], device: str, leaves: Sequence[torch.Tensor]) -> Timing:
+def _single_calls(fn: Callable[[], object], device: str, leaves: Sequence[torch.Tensor], repeats: int) -> Timing:
     times = []
-    for _ in range(SLOW_CALL_REPEATS):
+    for _ in range(repeats):
         _reset(leaves)
         times.append(1e3 * wall_time_once(fn, device))
     return _summary(times, "single calls")
@@ -94,7 +96,7 @@ def time_fn(
         _reset(leaves)
         first_call_s = wall_time_once(fn, device)
     if first_call_s > config.slow_call_s:
-        return _single_calls(fn, device, leaves)
+        return _single_calls(fn, device, leaves, config.slow_call_repeats)
     if device == "cuda":
         from triton.testing import do_bench
 
