@@ -70,14 +70,9 @@ from lamina.kernels._utils import cdiv
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
     gated_gram,
-    load_gate,
-    load_rows,
     load_state_tile,
-    load_tile,
-    load_vec,
     scan_operands,
     state_block_io,
-    store_tile,
     swap_state_block,
 )
 from lamina.kernels.delta_chunk_bwd_tiles import (
@@ -104,7 +99,12 @@ from lamina.kernels.delta_chunk_common import (
     chunk_rows,
     first_chunk,
     gate_kernel_args,
+    load_gate,
+    load_rows,
+    load_tile,
+    load_vec,
     seq_bounds,
+    store_tile,
 )
 from lamina.kernels.delta_tuning import active_tuning
 

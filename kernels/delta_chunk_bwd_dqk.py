@@ -13,11 +13,7 @@ import triton.language as tl
 
 from lamina.kernels.delta_chunk_bwd_parts import (
     gated_intra_grads,
-    load_gate,
-    load_rows,
     load_state_tile,
-    load_tile,
-    load_vec,
     masked_rows_gram,
     row_of,
     rows_gram,
@@ -32,6 +28,10 @@ from lamina.kernels.delta_chunk_common import (
     chunk_rows,
     gate_decay_grads,
     gate_params,
+    load_gate,
+    load_rows,
+    load_tile,
+    load_vec,
 )
 
 # the column step of the [BT, BT] grams over V (see DQK_GRAM_BLOCK_V)

@@ -2,16 +2,14 @@
 
 Everything here works on one chunk of ``BT`` tokens held in registers:
 
-* ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile``: a ``[BT, BC]`` tile of a
-  ``[tokens, heads, C]`` tensor, masked to the chunk (plain pointers: no block pointers, which
-  Triton 3.9 removed).
-* ``load_gate``: the in-chunk cumulative log decay ``G`` (``[BT]`` scalar gate or ``[BT, BK]`` per channel),
-  of a raw gate input activated first (``GATE_ACT``).
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
 * ``state_tile_ptrs`` / ``load_state_tile``: a ``[BK, BV]`` block of a ``[K, V]`` state.
 * ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
+
+The chunk's tiles (``load_tile``, ``load_rows``, ``load_vec``) and its cumulative log decay (``load_gate``)
+come from kernels/delta_chunk_common.py, which the forward shares.
 
 Per-channel decay is handled one key column ``j`` at a time, so every exponent is ``G_i - G_j``
 with ``i >= j``, which is ``<= 0`` for log decays ``g <= 0``: nothing overflows, and an exponent
@@ -23,65 +21,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lamina.kernels.delta_chunk_common import DECAY_CHANNEL, DECAY_SCALAR, GATE_CHANNEL, activated_gate
-
-
-@triton.jit
-def tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
-    """Pointers and mask of the tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` of a
-    ``[rows, row_stride]`` tensor: rows ``o_t < L`` and columns ``col0 + o_c < N_COLS`` are valid.
-    The int64 row offset ``t0 * row_stride`` goes into the base pointer; the per-element offsets
-    inside the tile stay int32."""
-    base = ptr + t0 * row_stride + head_off + col0
-    ptrs = base + (o_t * row_stride)[:, None] + o_c[None, :]
-    mask = (o_t < L)[:, None] & ((col0 + o_c) < N_COLS)[None, :]
-    return ptrs, mask
-
-
-@triton.jit
-def load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
-    """The tile of ``tile_ptrs`` in the tensor's dtype, zero outside the valid rows and columns."""
-    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
-def store_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS, x):
-    """Store ``x`` into the valid part of the tile of ``tile_ptrs`` (cast to the tensor's dtype)."""
-    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
-    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
-    """``load_tile`` in fp32."""
-    return load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS).to(tl.float32)
-
-
-@triton.jit
-def load_vec(ptr, t0, L, row_stride, o_t):
-    """fp32 vector ``ptr[t0 + o_t]`` (one value per token), zero for ``o_t >= L``."""
-    p = ptr + (t0 + o_t.to(tl.int64)) * row_stride
-    return tl.load(p, mask=o_t < L, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr, A_log, dt_bias, lower_bound,
-              GATE_ACT: tl.constexpr):
-    """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY_SCALAR), ``[BT, BK]`` for a
-    per-channel gate (DECAY_CHANNEL; key columns ``k0 + o_k``); a raw gate input goes through
-    ``activated_gate`` first. Rows past the chunk end repeat the last valid row (their decay is 0), so
-    ``G[BT - 1]`` is the decay of the whole chunk."""
-    if DECAY == DECAY_CHANNEL:
-        gk = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
-        m_k = (k0 + o_k) < K
-        gk = activated_gate(gk, A_log, dt_bias, lower_bound, i_hv, i_hv * K + k0 + o_k[None, :], m_k[None, :],
-                            (o_t < L)[:, None] & m_k[None, :], GATE_ACT)
-        return tl.cumsum(gk, 0)
-    else:
-        gs = load_vec(g + i_hv, t0, L, HV, o_t)
-        gs = activated_gate(gs, A_log, dt_bias, lower_bound, i_hv, i_hv, True, o_t < L, GATE_ACT)
-        return tl.cumsum(gs, 0)
+from lamina.kernels.delta_chunk_common import (
+    DECAY_CHANNEL,
+    DECAY_SCALAR,
+    GATE_CHANNEL,
+    load_gate,
+    load_rows,
+    load_tile,
+    load_vec,
+)
 
 
 @triton.jit
@@ -241,7 +189,7 @@ def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.con
 
 
 __all__ = [
-    "tile_ptrs", "load_tile", "store_tile", "load_rows", "load_vec", "load_gate", "row_of", "col_of",
+    "row_of", "col_of",
     "rows_gram", "gated_gram", "gated_intra_grads", "scan_operands", "state_tile_ptrs",
     "load_state_tile", "swap_state_block", "state_block_io",
 ]

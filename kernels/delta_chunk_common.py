@@ -9,6 +9,9 @@
 * ``GateAct`` / ``GateInput`` (host) and ``gate_decay`` / ``gate_decay_grads`` / ``activated_gate``
   (``@triton.jit``): the gate activation of fla's ``use_gate_in_kernel``, applied where the kernels load
   ``g``, forward and backward.
+* ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile`` / ``load_vec`` and ``load_gate``
+  (``@triton.jit``): a chunk's tiles and its in-chunk cumulative log decay ``G``, one gate cumsum for the
+  forward's preparation kernel and every backward kernel.
 * Tile sizes that both directions agree on, each with its reason.
 """
 
@@ -297,6 +300,67 @@ def activated_gate(x, A_log, dt_bias, lower_bound, i_hv, bias_offs, bias_mask, v
         return x
     a, bias = gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask)
     return tl.where(valid, gate_decay(x, a, bias, lower_bound, ACT), 0.0)
+
+
+# Tiles of one chunk, ``[BT, BC]`` of a ``[tokens, heads, C]`` tensor masked to the chunk (plain pointers: no
+# block pointers, which Triton 3.9 removed), and the chunk's cumulative log decay read through them: the
+# backward's tile addressing; the forward's gate cumsum is ``load_gate`` as well.
+@triton.jit
+def tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """Pointers and mask of the tile ``ptr[t0 + o_t, head_off + col0 + o_c]`` of a
+    ``[rows, row_stride]`` tensor: rows ``o_t < L`` and columns ``col0 + o_c < N_COLS`` are valid.
+    The int64 row offset ``t0 * row_stride`` goes into the base pointer; the per-element offsets
+    inside the tile stay int32."""
+    base = ptr + t0 * row_stride + head_off + col0
+    ptrs = base + (o_t * row_stride)[:, None] + o_c[None, :]
+    mask = (o_t < L)[:, None] & ((col0 + o_c) < N_COLS)[None, :]
+    return ptrs, mask
+
+
+@triton.jit
+def load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """The tile of ``tile_ptrs`` in the tensor's dtype, zero outside the valid rows and columns."""
+    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS, x):
+    """Store ``x`` into the valid part of the tile of ``tile_ptrs`` (cast to the tensor's dtype)."""
+    ptrs, mask = tile_ptrs(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS)
+    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_rows(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS):
+    """``load_tile`` in fp32."""
+    return load_tile(ptr, t0, L, row_stride, head_off, col0, o_t, o_c, N_COLS).to(tl.float32)
+
+
+@triton.jit
+def load_vec(ptr, t0, L, row_stride, o_t):
+    """fp32 vector ``ptr[t0 + o_t]`` (one value per token), zero for ``o_t >= L``."""
+    p = ptr + (t0 + o_t.to(tl.int64)) * row_stride
+    return tl.load(p, mask=o_t < L, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr, A_log, dt_bias, lower_bound,
+              GATE_ACT: tl.constexpr):
+    """In-chunk cumulative log decay: ``[BT]`` for a scalar gate (DECAY_SCALAR), ``[BT, BK]`` for a
+    per-channel gate (DECAY_CHANNEL; key columns ``k0 + o_k``); a raw gate input goes through
+    ``activated_gate`` first. Rows past the chunk end repeat the last valid row (their decay is 0), so
+    ``G[BT - 1]`` is the decay of the whole chunk."""
+    if DECAY == DECAY_CHANNEL:
+        gk = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
+        m_k = (k0 + o_k) < K
+        gk = activated_gate(gk, A_log, dt_bias, lower_bound, i_hv, i_hv * K + k0 + o_k[None, :], m_k[None, :],
+                            (o_t < L)[:, None] & m_k[None, :], GATE_ACT)
+        return tl.cumsum(gk, 0)
+    else:
+        gs = load_vec(g + i_hv, t0, L, HV, o_t)
+        gs = activated_gate(gs, A_log, dt_bias, lower_bound, i_hv, i_hv, True, o_t < L, GATE_ACT)
+        return tl.cumsum(gs, 0)
 
 
 @triton.jit

@@ -58,7 +58,6 @@ from lamina.kernels.delta_chunk_common import (
     _state_ptrs,
     _store_state,
     _vec_ptrs,
-    activated_gate,
     chunk_bounds,
     chunk_indices,
     chunk_rows,
@@ -68,6 +67,7 @@ from lamina.kernels.delta_chunk_common import (
     gate_kind,
     has_warpgroup_mma,
     key_blocks,
+    load_gate,
     seq_bounds,
     value_block,
 )
@@ -306,19 +306,17 @@ def _delta_chunk_prep_fwd_kernel(
     m_t = (t0 + o_t) < seqlen
 
     # -- cumulative log decay inside the chunk ------------------------------------------------
+    # (the backward's load_gate: one gate cumsum for both directions)
     b_gs = 0.0  # a per-channel decay is loaded with its key block
     if DECAY == DECAY_SCALAR:
-        b_g = tl.load(_vec_ptrs(g, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
-        b_gs = tl.cumsum(activated_gate(b_g, A_log, dt_bias, lower_bound, i_hv, i_hv, True, m_t, GATE_ACT), axis=0)
+        b_gs = load_gate(g, tok0, seqlen - t0, i_hv, HV, K, 0, o_t, o_t, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
         tl.store(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), b_gs, mask=m_t)
     if DECAY == DECAY_CHANNEL:
         for kb in tl.static_range(NK):
             o_k = kb * BK + tl.arange(0, BK)
-            m = m_t[:, None] & (o_k < K)[None, :]
-            b_g = tl.load(_row_ptrs(g, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0).to(tl.float32)
-            b_g = activated_gate(b_g, A_log, dt_bias, lower_bound, i_hv, i_hv * K + o_k[None, :],
-                                 (o_k < K)[None, :], m, GATE_ACT)
-            tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), tl.cumsum(b_g, axis=0), mask=m)
+            b_G = load_gate(g, tok0, seqlen - t0, i_hv, HV, K, kb * BK, o_t, tl.arange(0, BK), DECAY, A_log, dt_bias,
+                            lower_bound, GATE_ACT)
+            tl.store(_row_ptrs(gcum, tok0, o_t, i_hv, HV, K, o_k), b_G, mask=m_t[:, None] & (o_k < K)[None, :])
         # the diagonal sub-blocks below read other rows of gcum written by other threads
         tl.debug_barrier()
     b_beta = 1.0  # per-channel erase gates are loaded with their key block

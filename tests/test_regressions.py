@@ -22,8 +22,7 @@ from tolerances import assert_close
 
 import lamina
 from lamina.kernels._utils import MAX_GRID_YZ
-from lamina.kernels.delta_chunk_bwd_parts import tile_ptrs
-from lamina.kernels.delta_chunk_common import _row_ptrs, _state_ptrs, _vec_ptrs, chunk_bounds, seq_bounds
+from lamina.kernels.delta_chunk_common import _row_ptrs, _state_ptrs, _vec_ptrs, chunk_bounds, seq_bounds, tile_ptrs
 from lamina.reference import delta_rule_family_recurrent_ref
 
 INT32_MAX = 2**31 - 1
