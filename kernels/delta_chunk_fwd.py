@@ -80,17 +80,18 @@ from lamina.kernels.delta_tuning import DeltaTuning, active_tuning
 PREP_BLOCK_V = 32
 PREP_BLOCK_K = {DecayKind.NONE: 64, DecayKind.SCALAR: 64, DecayKind.CHANNEL: 32}
 # K tile for fp32 activations, whose tf32x3 products split every operand in two, on every target and for every
-# variant; the kernel's key loop is rolled for fp32. Static report, K = 64 to 512: with the 16-bit tiles the prep
-# spilled 2-174 STL on sm_90 from K = 128 on (KDA and GDN-2 from K = 64). DeltaNet and GDN at 32 compiled
-# without spills by default (164-203 registers on sm_90), but their solve_block=16 rows, which keep the inverse
-# for the backward (STORE_A), spilled 5-9 STL under Triton 3.9; at 16 those compile to 253-255 registers without
-# spills (3.6 and 3.9) and the defaults to 122-178. On sm_80 (mma.sync keeps every operand in registers) 32
-# spilled 32-40 STL at K = 128, and per-channel decay spilled 8-10 STL at 16 until its sub-block loop was rolled
-# (see _gram_key_block).
+# variant; the kernel's key loop is rolled for fp32. Static report, K = 64 to 512: with the 16-bit tiles the
+# prep spilled 2-174 STL on sm_90 from K = 128 on (KDA and GDN-2 from K = 64). DeltaNet and GDN at 32 compiled
+# without spills by default (164-203 registers on sm_90), but their solve_block=16 rows, which keep the
+# inverse for the backward (STORE_A), spilled 5-9 STL under Triton 3.9; at 16 those compile to 247-255
+# registers without spills (3.6 and 3.9) and the fp32 defaults of all four variants to 122-180 (3.9). On sm_80
+# (mma.sync keeps every operand in registers) 32 spilled 32-40 STL at K = 128, and per-channel decay spilled
+# 8-10 STL at 16 until its sub-block loop was rolled (see _gram_key_block).
 PREP_BLOCK_K_FP32 = 16
-# The fp32 V tile on targets without warpgroup products. Static report, sm_80, K = 64 to 512, Triton 3.6 and 3.9, with the solve by
-# column elimination: at PREP_BLOCK_V, GDN-2 (a per-channel write gate, whose U = A Z loop loads a [BT, BV] gate
-# tile next to Z) spilled 92-98 STL and DeltaNet, GDN and KDA 0-3 (255 registers); at 16 none does (253-255).
+# The fp32 V tile on targets without warpgroup products. Static report, sm_80, K = 64 to 512, Triton 3.6 and
+# 3.9, with the solve by column elimination: at PREP_BLOCK_V, GDN-2 (a per-channel write gate, whose U = A Z
+# loop loads a [BT, BV] gate tile next to Z) spilled 92-98 STL and DeltaNet, GDN and KDA 0-3 (255 registers);
+# at 16 none does (253-255).
 PREP_BLOCK_V_FP32_MMA_SYNC = 16
 
 
