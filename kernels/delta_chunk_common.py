@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, MAX_K, MAX_V  # noqa: F401 - the family's limits
+from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V  # noqa: F401 - the family's limits
 from lamina.kernels._utils import cdiv, next_power_of_2
 
 # Diagonal sub-block length inside a chunk. tl.dot needs every dim >= 16, and per-channel
@@ -45,6 +45,8 @@ STATE_TILE_ELEMS = 4096
 STATE_TILE_ELEMS_MMA_SYNC = 2048
 # Smallest V tile: tl.dot needs dims >= 16.
 MIN_BLOCK = 16
+# The l2norm's eps (``use_qk_l2norm_in_kernel``), readable inside @triton.jit code.
+L2NORM_EPS_C = tl.constexpr(L2NORM_EPS)
 
 
 class DecayKind:

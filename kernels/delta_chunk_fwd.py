@@ -27,6 +27,12 @@ Two launches:
    writes ``O`` directly (the state pass and the output are one sweep; ``V_new`` never goes through
    memory) and stores the chunk-start states ``h`` for the backward.
 
+``L2NORM`` (fla's ``use_qk_l2norm_in_kernel``): q and k are the raw rows, and no kernel of their own normalises
+them. The preparation kernel sums the squares of each row over the key blocks it loads for ``L`` and ``Aqk``,
+scales those by the rows' inverse norms afterwards (``L_ts = r_t r_s (E K^T)_ts``, ``Aqk_ts = rq_t r_s (Q K^T)_ts``:
+row scalings commute with the decays) and ``Y``'s rows by ``r``, and stores ``rq`` and ``r`` (``[B, T, H]``
+float32); the state pass and the separate output kernel scale the rows of q and k they load by them.
+
 The token-by-token twin for decoding is kernels/delta_recurrent_fwd.py.
 """
 
@@ -46,6 +52,7 @@ from lamina.kernels.delta_chunk_common import (
     DEFAULT_CHUNK_SIZE,
     DOT_PRECISION,
     GATE_SCALAR,
+    L2NORM_EPS_C,
     MIN_BLOCK,
     STATE_BLOCK_K,
     SUB_BLOCK_C,
@@ -174,16 +181,23 @@ SOLVE_BLOCK = DeltaTuning().solve_block
 # 1. per-chunk preparation
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h, i_hv, scale,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
-                    SUB: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h, i_hv,
+                    scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
+                    SUB: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    L2NORM: tl.constexpr):
     """Adds key block ``kb``'s part of ``L = E K^T`` and ``Aqk = scale Q K^T`` (decayed per channel
-    here; a scalar decay is applied by the caller) onto ``b_L`` and ``b_Aqk``."""
+    here; a scalar decay is applied by the caller) onto ``b_L`` and ``b_Aqk``, and with ``L2NORM`` its part
+    of the rows' sums of squares of q and k onto ``b_qq`` and ``b_kk`` (the products are of the raw rows: the
+    caller scales them by the rows' inverse norms)."""
     DT = q.dtype.element_ty
     o_k = kb * BK + tl.arange(0, BK)
     m = m_t[:, None] & (o_k < K)[None, :]
     b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
+    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+    if L2NORM:
+        b_qq += tl.sum(b_q * b_q, 1)
+        b_kk += tl.sum(b_k * b_k, 1)
+    b_q = b_q * scale
     if ERASE == GATE_SCALAR:
         b_e = b_k * b_beta[:, None]
     else:
@@ -225,7 +239,7 @@ def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t
         b_kT = tl.trans(b_k.to(DT))
         b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
         b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
-    return b_L, b_Aqk
+    return b_L, b_Aqk, b_qq, b_kk
 
 
 @triton.jit
@@ -257,13 +271,15 @@ def _block_unit_lower_inverse(L, o_t, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, blk, tok0, o_t, m_t, i_src, i_hv,
+def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, b_rs, blk, tok0, o_t, m_t, i_src, i_hv,
                         HS: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                        GATE: tl.constexpr, DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                        GATE: tl.constexpr, DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        ROW_SCALE: tl.constexpr):
     """Stores columns ``blk * BD + [0, BD)`` of ``A (X * gate * exp(G))`` into ``dst``: ``Y = A (E exp(G))``
     from the keys (``src = k`` with ``HS = H`` heads, the erase gate) or ``U = A Z`` from the values (``v``,
     ``HS = HV``, the write gate, ``DECAY_NONE``). ``b_Ad``: the chunk's inverse in the activations' dtype;
-    ``b_gate``, ``b_gs``: the scalar gate and cumulative decay, where they are scalar."""
+    ``b_gate``, ``b_gs``: the scalar gate and cumulative decay, where they are scalar; ``b_rs`` (with
+    ``ROW_SCALE``): a scale of each row of ``X`` (the keys' inverse norms of the l2norm)."""
     DT = dst.dtype.element_ty
     o_d = blk * BD + tl.arange(0, BD)
     m = m_t[:, None] & (o_d < D)[None, :]
@@ -272,6 +288,8 @@ def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, blk, tok0, o_t
         b_x = b_x * b_gate[:, None]
     else:
         b_x = b_x * tl.load(_row_ptrs(gate, tok0, o_t, i_hv, HV, D, o_d), mask=m, other=0.0).to(tl.float32)
+    if ROW_SCALE:
+        b_x = b_x * b_rs[:, None]
     if DECAY == DECAY_SCALAR:
         b_x = b_x * tl.exp(b_gs)[:, None]
     if DECAY == DECAY_CHANNEL:
@@ -283,7 +301,7 @@ def _store_solved_block(dst, src, gate, gcum, b_Ad, b_gate, b_gs, blk, tok0, o_t
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_prep_fwd_kernel(
     q, k, v, g, b, w,
-    gcum, wy, u, aqk, solve,
+    gcum, wy, u, aqk, solve, rq, rk,
     cu_seqlens, chunk_indices,
     A_log, dt_bias, lower_bound,
     scale, T, NT,
@@ -291,6 +309,7 @@ def _delta_chunk_prep_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, GATE_ACT: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr, STORE_A: tl.constexpr,
+    L2NORM: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
     NB: tl.constexpr = BT // SUB
@@ -327,17 +346,33 @@ def _delta_chunk_prep_fwd_kernel(
     # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
     b_L = tl.zeros([BT, BT], dtype=tl.float32)
     b_Aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qq = tl.zeros([BT], dtype=tl.float32)  # the rows' sums of squares (L2NORM)
+    b_kk = tl.zeros([BT], dtype=tl.float32)
     # fp32 (tf32x3 products, split operands) loops over the key blocks; unrolled, their loads and
     # splits overlap and spilled from K = 128 on (sm_90). 16-bit activations keep the unrolled loop:
     # rolled, GDN's bf16 K = 256 prep spilled on sm_80 (static report).
     if DT == tl.float32:
         for kb in range(NK):
-            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h,
-                                         i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION)
+            b_L, b_Aqk, b_qq, b_kk = _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
+                                                     seqlen, o_t, m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB,
+                                                     DECAY, ERASE, DOT_PRECISION, L2NORM)
     else:
         for kb in tl.static_range(NK):
-            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h,
-                                         i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION)
+            b_L, b_Aqk, b_qq, b_kk = _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
+                                                     seqlen, o_t, m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB,
+                                                     DECAY, ERASE, DOT_PRECISION, L2NORM)
+    b_rk = 1.0
+    if L2NORM:
+        # q and k l2-normalised by scaling the raw rows' products: L_ts = r_t r_s (E K^T)_ts with r the keys'
+        # inverse norms, Aqk_ts = rq_t r_s (Q K^T)_ts (row scalings commute with the decays). The inverse
+        # norms are stored for the state pass and the output (one program of each group of value heads).
+        b_rq = 1.0 / tl.sqrt(b_qq + L2NORM_EPS_C)
+        b_rk = 1.0 / tl.sqrt(b_kk + L2NORM_EPS_C)
+        b_L = b_L * (b_rk[:, None] * b_rk[None, :])
+        b_Aqk = b_Aqk * (b_rq[:, None] * b_rk[None, :])
+        if i_hv % (HV // H) == 0:
+            tl.store(_vec_ptrs(rq, tok0, o_t, i_h, H), b_rq, mask=m_t)
+            tl.store(_vec_ptrs(rk, tok0, o_t, i_h, H), b_rk, mask=m_t)
     if DECAY != DECAY_CHANNEL:
         m_lower = o_t[:, None] > o_t[None, :]
         m_lower_eq = o_t[:, None] >= o_t[None, :]
@@ -389,28 +424,31 @@ def _delta_chunk_prep_fwd_kernel(
         b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     if DT == tl.float32:
         for kb in range(NK):
-            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
-                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION)
+            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, b_rk, kb, tok0, o_t, m_t, i_h, i_hv,
+                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION, L2NORM)
     else:
         for kb in tl.static_range(NK):
-            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, kb, tok0, o_t, m_t, i_h, i_hv,
-                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION)
+            _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, b_rk, kb, tok0, o_t, m_t, i_h, i_hv,
+                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION, L2NORM)
     b_wbeta = 1.0  # a per-column write gate is loaded with its value block
     if WRITE == GATE_SCALAR:
         b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        _store_solved_block(u, v, w, gcum, b_Ad, b_wbeta, b_gs, vb, tok0, o_t, m_t, i_hv, i_hv,
-                            HV, HV, V, BV, WRITE, DECAY_NONE, DOT_PRECISION)
+        _store_solved_block(u, v, w, gcum, b_Ad, b_wbeta, b_gs, 1.0, vb, tok0, o_t, m_t, i_hv, i_hv,
+                            HV, HV, V, BV, WRITE, DECAY_NONE, DOT_PRECISION, False)
 
 
 # ----------------------------------------------------------------------------------------------
 # 2. sequential state pass fused with the output
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale,
-               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
-    """scale * Q * exp(G) for the key columns ``o_k`` of a chunk (fp32): what reads the chunk-start state."""
+def _decayed_q(q, gcum, tok0, o_t, m, b_gs, b_rq, i_h, i_hv, o_k, scale,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, L2NORM: tl.constexpr):
+    """scale * Q * exp(G) for the key columns ``o_k`` of a chunk (fp32): what reads the chunk-start state;
+    with ``L2NORM`` each row times its inverse norm ``b_rq``."""
     b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
+    if L2NORM:
+        b_q = b_q * b_rq[:, None]
     if DECAY == DECAY_SCALAR:
         b_q = b_q * tl.exp(b_gs)[:, None]
     if DECAY == DECAY_CHANNEL:
@@ -419,16 +457,16 @@ def _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale,
 
 
 @triton.jit
-def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
+def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, b_rq, i_h, i_hv, kb, scale,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-               DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, READ_O: tl.constexpr):
+               DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, READ_O: tl.constexpr, L2NORM: tl.constexpr):
     """acc_v += Y_kb S_kb and (``READ_O``) acc_o += scale * (Q_kb * exp(G_kb)) S_kb for one K block."""
     DT = wy.dtype.element_ty
     o_k = kb * BK + tl.arange(0, BK)
     m = m_t[:, None] & (o_k < K)[None, :]
     b_y = tl.load(_row_ptrs(wy, tok0, o_t, i_hv, HV, K, o_k), mask=m, other=0.0)
     if READ_O:  # both loads before both products (the order the register allocation was measured with)
-        b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, i_h, i_hv, o_k, scale, H, HV, K, DECAY)
+        b_q = _decayed_q(q, gcum, tok0, o_t, m, b_gs, b_rq, i_h, i_hv, o_k, scale, H, HV, K, DECAY, L2NORM)
     b_sd = b_s.to(DT)
     acc_v += tl.dot(b_y, b_sd, input_precision=DOT_PRECISION)
     if READ_O:
@@ -437,16 +475,19 @@ def _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, 
 
 
 @triton.jit
-def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, kb,
+def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, b_rk, i_h, i_hv, kb,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """S_kb <- Diag(exp(G_last)) S_kb + (K_kb * exp(G_last - G))^T V_new."""
+                DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr, L2NORM: tl.constexpr):
+    """S_kb <- Diag(exp(G_last)) S_kb + (K_kb * exp(G_last - G))^T V_new (with ``L2NORM`` the keys times their
+    inverse norms ``b_rk``)."""
     DT = b_vnew.dtype
     o_k = kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     mT = m_k[:, None] & m_t[None, :]
     p_kT = _col_ptrs(k, tok0, o_t, i_h, H, K, o_k)
     b_kT = tl.load(p_kT, mask=mT, other=0.0).to(tl.float32)
+    if L2NORM:
+        b_kT = b_kT * b_rk[None, :]
     if DECAY == DECAY_SCALAR:
         b_kT = b_kT * _masked_exp(g_last - b_gs, m_t)[None, :]
         b_s = b_s * tl.exp(g_last)
@@ -461,7 +502,7 @@ def _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_scan_fwd_kernel(
-    q, k, gcum, wy, u, aqk,
+    q, k, gcum, wy, u, aqk, rq, rk,
     h0, o, ht, h, vnew,
     cu_seqlens, chunk_offsets,
     scale, T, NT,
@@ -470,7 +511,7 @@ def _delta_chunk_scan_fwd_kernel(
     DECAY: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, SAVE_STATES: tl.constexpr,
     STORE_V_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_O: tl.constexpr,
-    STATE_IN_MEMORY: tl.constexpr,
+    STATE_IN_MEMORY: tl.constexpr, L2NORM: tl.constexpr,
 ):
     # The state is held as a tuple of NK (at most four) [BK, BV] row blocks of the [K, BV] column block,
     # each chunk's loops over it unrolled (static_range), so every block stays in registers.
@@ -511,6 +552,12 @@ def _delta_chunk_scan_fwd_kernel(
         if DECAY == DECAY_SCALAR:
             b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
             g_last = tl.load(gcum + tok_last * HV + i_hv)
+        b_rq = 1.0
+        b_rk = 1.0
+        if L2NORM:  # the inverse norms of the rows of q and k (the preparation kernel's)
+            b_rk = tl.load(_vec_ptrs(rk, tok0, o_t, i_h, H), mask=m_t, other=0.0)
+            if STORE_O:
+                b_rq = tl.load(_vec_ptrs(rq, tok0, o_t, i_h, H), mask=m_t, other=0.0)
         acc_v = tl.zeros([BT, BV], dtype=tl.float32)
         acc_o = tl.zeros([BT, BV], dtype=tl.float32)
         if STATE_IN_MEMORY:
@@ -518,12 +565,12 @@ def _delta_chunk_scan_fwd_kernel(
                 b_s = _load_state(ht, i_n, i_hv, kb, o_v, HV, K, V, BK, BV, True)
                 if SAVE_STATES:
                     _store_state(h, c0 + i_t, b_s, i_hv, kb, o_v, HV, K, V, BK)
-                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv, kb, scale,
-                                          H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+                acc_v, acc_o = _scan_read(acc_v, acc_o, b_s, q, gcum, wy, tok0, o_t, m_t, b_gs, b_rq, i_h, i_hv, kb,
+                                          scale, H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O, L2NORM)
         else:
             for kb in tl.static_range(NK):
-                acc_v, acc_o = _scan_read(acc_v, acc_o, s_blocks[kb], q, gcum, wy, tok0, o_t, m_t, b_gs, i_h, i_hv,
-                                          kb, scale, H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O)
+                acc_v, acc_o = _scan_read(acc_v, acc_o, s_blocks[kb], q, gcum, wy, tok0, o_t, m_t, b_gs, b_rq, i_h,
+                                          i_hv, kb, scale, H, HV, K, BK, DECAY, DOT_PRECISION, STORE_O, L2NORM)
         m_tv = m_t[:, None] & m_v[None, :]
         b_u = tl.load(_row_ptrs(u, tok0, o_t, i_hv, HV, V, o_v), mask=m_tv, other=0.0).to(tl.float32)
         b_vnew = (b_u - acc_v).to(DT)
@@ -536,8 +583,8 @@ def _delta_chunk_scan_fwd_kernel(
         if STATE_IN_MEMORY:
             for kb in range(NK):
                 b_s = _load_state(ht, i_n, i_hv, kb, o_v, HV, K, V, BK, BV, True)
-                b_s = _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, i_h, i_hv, kb,
-                                  H, HV, K, BK, DECAY, DOT_PRECISION)
+                b_s = _scan_write(b_s, b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs, g_last, b_rk, i_h, i_hv, kb,
+                                  H, HV, K, BK, DECAY, DOT_PRECISION, L2NORM)
                 # every thread has read the block before any overwrites it (the store's layout may give an
                 # element to another thread)
                 tl.debug_barrier()
@@ -547,7 +594,8 @@ def _delta_chunk_scan_fwd_kernel(
             updated = ()
             for kb in tl.static_range(NK):
                 updated = updated + (_scan_write(s_blocks[kb], b_vnew, k, gcum, tok0, o_t, m_t, tok_last, b_gs,
-                                                 g_last, i_h, i_hv, kb, H, HV, K, BK, DECAY, DOT_PRECISION),)
+                                                 g_last, b_rk, i_h, i_hv, kb, H, HV, K, BK, DECAY, DOT_PRECISION,
+                                                 L2NORM),)
             s_blocks = updated
 
     if STORE_FINAL_STATE and not STATE_IN_MEMORY:
@@ -557,12 +605,12 @@ def _delta_chunk_scan_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_out_fwd_kernel(
-    q, gcum, h, vnew, aqk, o,
+    q, gcum, h, vnew, aqk, o, rq,
     cu_seqlens, chunk_indices,
     scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DECAY: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, L2NORM: tl.constexpr,
 ):
     """The output as a separate pass, one program per (chunk, value head, V block), all in parallel:
     ``O = scale * (Q * exp(G)) S_c + Aqk V_new`` from the chunk-start states ``h`` and the writes ``vnew``
@@ -579,11 +627,14 @@ def _delta_chunk_out_fwd_kernel(
     b_gs = tl.zeros([BT], dtype=tl.float32)
     if DECAY == DECAY_SCALAR:
         b_gs = tl.load(_vec_ptrs(gcum, tok0, o_t, i_hv, HV), mask=m_t, other=0.0)
+    b_rq = 1.0
+    if L2NORM:
+        b_rq = tl.load(_vec_ptrs(rq, tok0, o_t, i_h, H), mask=m_t, other=0.0)
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     for kb in range(NK):
         o_k = kb * BK + tl.arange(0, BK)
-        b_q = _decayed_q(q, gcum, tok0, o_t, m_t[:, None] & (o_k < K)[None, :], b_gs, i_h, i_hv, o_k, scale,
-                         H, HV, K, DECAY)
+        b_q = _decayed_q(q, gcum, tok0, o_t, m_t[:, None] & (o_k < K)[None, :], b_gs, b_rq, i_h, i_hv, o_k, scale,
+                         H, HV, K, DECAY, L2NORM)
         p_s, m_s = _state_ptrs(h, i_c, i_hv, kb, o_v, HV, K, V, BK)
         b_s = tl.load(p_s, mask=m_s, other=0.0)
         acc += tl.dot(b_q.to(DT), b_s.to(DT), input_precision=DOT_PRECISION)
@@ -608,7 +659,7 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 # alone both matched float64, forward and backward (benchmarks/results/2026-12-04-nvidia-h200/README.md).
 _prep_fwd = autotune(_warps_stages((8,), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
-                          "SOLVE_BLOCK", "STORE_A"])(
+                          "SOLVE_BLOCK", "STORE_A", "L2NORM"])(
     _delta_chunk_prep_fwd_kernel)
 def _restore_state_hooks() -> tuple:
     """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
@@ -631,9 +682,9 @@ def _restore_state_hooks() -> tuple:
 _scan_pre_hook, _scan_post_hook = _restore_state_hooks()
 _scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O",
-                          "STATE_IN_MEMORY"], pre_hook=_scan_pre_hook, post_hook=_scan_post_hook)(
+                          "STATE_IN_MEMORY", "L2NORM"], pre_hook=_scan_pre_hook, post_hook=_scan_post_hook)(
     _delta_chunk_scan_fwd_kernel)
-_out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN"])(
+_out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "L2NORM"])(
     _delta_chunk_out_fwd_kernel)
 # V block of the separate output kernel (``delta_tuning(output_kernel=True)``): a [BT, 64] fp32 accumulator,
 # the tile of the backward's per-chunk kernels (CHUNK_BLOCK); its key blocks are ``memory_key_blocks``. At
@@ -664,10 +715,14 @@ def delta_chunk_fwd(
     save_states: bool = True,
     output_v_new: bool = False,
     gate: GateInput | None = None,
+    l2norm_qk: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Chunked forward of the delta-rule family on already transformed inputs.
 
-    Inputs (l2norm and beta sigmoid already applied by the caller):
+    Inputs (beta sigmoid already applied by the caller; with ``l2norm_qk`` the kernels l2-normalise the rows of
+    q and k, fla's ``use_qk_l2norm_in_kernel``, without a pass of their own: the preparation kernel takes the
+    rows' norms from the key blocks it loads and scales its products by them, the state pass and the output
+    scale the rows they load):
     ``q, k: [B, T, H, K]``; ``v: [B, T, HV, V]`` with ``HV % H == 0``;
     ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]``, per-token log decay (not cumulated), or with
     ``gate`` the raw gate input the prep kernel activates (``GateInput``: fla's ``use_gate_in_kernel``);
@@ -701,12 +756,14 @@ def delta_chunk_fwd(
     u = q.new_empty(B, T, HV, V)
     aqk = q.new_empty(B, T, HV, BT)
     solve = q.new_empty(B, T, HV, BT, dtype=torch.float32) if save_states else None
+    # the inverse norms of the rows of q and k (l2norm_qk), from the preparation kernel
+    rq, rk = (q.new_empty(B, T, H, dtype=torch.float32) for _ in range(2)) if l2norm_qk else (None, None)
     if index.total > 0:
         warpgroup_mma = has_warpgroup_mma(q.device)
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
         _prep_fwd[(index.total * HV,)](
-            q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, cu_seqlens, index.indices,
-            scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None,
+            q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, rq, rk, cu_seqlens, index.indices,
+            scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None, L2NORM=l2norm_qk,
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
@@ -725,8 +782,8 @@ def delta_chunk_fwd(
     v_new = torch.empty_like(v) if output_v_new or separate else None
     if N * HV > 0:
         _scan_fwd[(N * HV * cdiv(V, tiles.bv),)](
-            q, k, gcum, wy, u, aqk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
-            index.per_sequence,
+            q, k, gcum, wy, u, aqk, rq, rk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
+            index.per_sequence, L2NORM=l2norm_qk,
             DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states or separate,
             STORE_V_NEW=output_v_new or separate, STORE_O=not separate,
@@ -735,7 +792,8 @@ def delta_chunk_fwd(
         bv_out = min(OUT_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
         bk_out, nk_out = memory_key_blocks(K, fp32)
         _out_fwd[(index.total * HV, cdiv(V, bv_out))](
-            q, gcum, h, v_new, aqk, o, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
+            q, gcum, h, v_new, aqk, o, rq, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
+            L2NORM=l2norm_qk,
             DECAY=flags["DECAY"], BK=bk_out, NK=nk_out, **common)
     return (o, (ht if output_final_state else None), (h if save_states else None), (v_new if output_v_new else None),
             solve)

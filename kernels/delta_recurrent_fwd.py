@@ -19,6 +19,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
     GATE_SCALAR,
+    L2NORM_EPS_C,
     MIN_BLOCK,
     STATE_TILE_ELEMS,
     VARIANT_FLAGS,
@@ -27,9 +28,6 @@ from lamina.kernels.delta_chunk_common import (
     seq_bounds,
 )
 from lamina.kernels.delta_chunk_fwd import _contig, _flags, _warps_stages
-
-# fla's l2norm epsilon: x / sqrt(sum(x^2) + eps)
-L2NORM_EPS = tl.constexpr(1e-6)
 
 
 @triton.jit
@@ -138,8 +136,8 @@ def _delta_recurrent_fwd_kernel(
         b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
         if L2NORM:
-            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS_C)
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS_C)
         b_q = b_q * scale
         if DECAY == DECAY_SCALAR:
             b_g = tl.load(g + tok * HV + i_hv).to(tl.float32)

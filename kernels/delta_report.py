@@ -7,8 +7,9 @@ Two grids of (K = V, activation dtype):
 
 * ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
-  ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``) at K = 128, as
-  non-default rows on ``ALTERNATIVE_ARCHS``.
+  ``delta_tuning``, the kernels with the gate activation fused in (``GATE_ROW``) and the forward's kernels
+  with the l2norm of q and k fused in (``L2NORM_ROW``) at K = 128, as non-default rows on
+  ``ALTERNATIVE_ARCHS``.
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -56,6 +57,10 @@ FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", 
 # The label of the rows with the gate activation fused in (fla's use_gate_in_kernel, softplus form), non-default
 # rows on ALTERNATIVE_ARCHS next to the alternatives: the kernels that load the gate, with their default blocks.
 GATE_ROW = "use_gate_in_kernel"
+# The label of the forward's rows with the l2norm of q and k fused in (fla's use_qk_l2norm_in_kernel), rows like
+# GATE_ROW's: the three forward kernels with their default blocks (the preparation kernel with the gate
+# activation fused in too, as the layers run it, where the variant has a decay).
+L2NORM_ROW = "use_qk_l2norm_in_kernel"
 # The key dim of the default grid's alternative rows (the common head size).
 ALTERNATIVE_K = 128
 # The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
@@ -75,14 +80,33 @@ def _fwd_signature(names: dict[str, str], constexprs: dict) -> dict[str, str]:
     return {**names, **{c: "constexpr" for c in constexprs if c not in names}}
 
 
+def _l2norm_args(names: tuple[str, ...], l2norm: bool) -> tuple[dict[str, str], dict]:
+    """(argument types, constexprs) of the inverse-norm pointers ``names``: float32 buffers with ``L2NORM``, else
+    None (compile-time constants)."""
+    if l2norm:
+        return {n: "*fp32" for n in names}, {"L2NORM": True}
+    return {n: "constexpr" for n in names}, {"L2NORM": False, **{n: None for n in names}}
+
+
+def _prep_signature(io: str, g_ty: str, constexprs: dict, l2norm: bool) -> tuple[dict[str, str], dict]:
+    """(signature, the inverse-norm constexprs) of the preparation kernel, with or without ``L2NORM``."""
+    norm_types, norm_c = _l2norm_args(("rq", "rk"), l2norm)
+    names = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io,
+             "solve": "*fp32", **norm_types, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
+             "A_log": "*fp32", "dt_bias": "*fp32", "lower_bound": "fp32", "scale": "fp32", "T": "i32", "NT": "i32",
+             "BK": "constexpr", "NK": "constexpr", "BV": "constexpr"}
+    return _fwd_signature(names, {**constexprs, **norm_c}), norm_c
+
+
 def _register_scan(label: str, io: str, g_ty: str, base: dict, tiles: ScanTiles, suffix: str, store_o: bool,
-                   default: bool, archs: list[int]) -> None:
+                   default: bool, archs: list[int], l2norm: bool = False) -> None:
     """One row of the state pass (``store_o``: with its output; else writing v_new for the output kernel)."""
-    names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, "h0": "*fp32", "o": io, "ht": "*fp32",
-             "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "constexpr", "scale": "fp32",
-             "T": "i32", "NT": "i32"}
+    norm_types, norm_c = _l2norm_args(("rq", "rk"), l2norm)
+    names = {"q": io, "k": io, "gcum": g_ty, "wy": io, "u": io, "aqk": io, **norm_types, "h0": "*fp32", "o": io,
+             "ht": "*fp32", "h": "*fp32", "vnew": io, "cu_seqlens": "constexpr", "chunk_offsets": "constexpr",
+             "scale": "fp32", "T": "i32", "NT": "i32"}
     constexprs = {**base, "BK": tiles.bk, "NK": tiles.nk, "BV": tiles.bv, "STATE_IN_MEMORY": tiles.state_in_memory,
-                  "STORE_V_NEW": not store_o, "STORE_O": store_o}
+                  "STORE_V_NEW": not store_o, "STORE_O": store_o, **norm_c}
     signature = _fwd_signature(names, constexprs)
     meta = {"attrs": aligned_attrs(_delta_chunk_scan_fwd_kernel, signature)}
     if len(archs) < len(TARGETS):
@@ -108,12 +132,9 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK, "GATE_ACT": GateAct.NONE,
                   "STORE_A": True, "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}),
                   **no_gate}
-        prep_sig = _fwd_signature({"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "gcum": g_ty, "wy": io,
-                                   "u": io, "aqk": io, "solve": "*fp32", "cu_seqlens": "constexpr",
-                                   "chunk_indices": "constexpr", "A_log": "*fp32", "dt_bias": "*fp32", "lower_bound": "fp32",
-                                   "scale": "fp32", "T": "i32", "NT": "i32", "BK": "constexpr", "NK": "constexpr",
-                                   "BV": "constexpr"},
-                                  prep_c)
+        l2_sig, l2_c = _prep_signature(io, g_ty, prep_c, True)
+        prep_sig, norm_c = _prep_signature(io, g_ty, prep_c, False)
+        prep_l2_c, prep_c = {**prep_c, **l2_c}, {**prep_c, **norm_c}
         prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
         # the blocks each target runs with; one row per distinct choice
         prep_archs: dict[tuple[int, int, int], list[int]] = {}
@@ -138,6 +159,15 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, **choice},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
+        if alternatives:  # the l2norm of q and k fused in (with the gate activation where there is a decay)
+            gated = decay != DecayKind.NONE
+            register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {L2NORM_ROW}" + (f" {GATE_ROW}" if gated else ""),
+                                 _delta_chunk_prep_fwd_kernel, l2_sig,
+                                 {**prep_l2_c, "BK": BKP, "NK": NKP, "BV": BVP,
+                                  **({"GATE_ACT": GateAct.SOFTPLUS} if gated else {})},
+                                 num_warps=8, num_stages=1, default=False,
+                                 meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig),
+                                       "archs": list(ALTERNATIVE_ARCHS)}))
 
         scan_base = {**base, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
                      "chunk_offsets": None, **no_gate}
@@ -150,6 +180,8 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
             _register_scan(*scan_row, tiles, " state in memory" if tiles.state_in_memory else "", True, True, archs)
         if not alternatives:
             continue
+        _register_scan(*scan_row, scan_tiles(K, V, fp32, alt_mma), f" {L2NORM_ROW}", True, False,
+                       list(ALTERNATIVE_ARCHS), l2norm=True)
         for tuning in ALTERNATIVES:
             tiles = scan_tiles(K, V, fp32, alt_mma, tuning)
             if tuning.state_in_memory is not None and tiles != scan_tiles(K, V, fp32, alt_mma):
@@ -159,18 +191,24 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         # the separate output pass (delta_tuning(output_kernel=True)): the state pass without its output,
         # then the output kernel
         alt = {"default": False, "num_stages": 1}
-        _register_scan(*scan_row, scan_tiles(K, V, fp32, alt_mma), " output_kernel=True", False, False,
-                       list(ALTERNATIVE_ARCHS))
+        for l2norm in (False, True):
+            _register_scan(*scan_row, scan_tiles(K, V, fp32, alt_mma),
+                           " output_kernel=True" + (f" {L2NORM_ROW}" if l2norm else ""), False, False,
+                           list(ALTERNATIVE_ARCHS), l2norm=l2norm)
         BKO, NKO = memory_key_blocks(K, fp32)
-        out_c = {**base, "BK": BKO, "NK": NKO, "BV": min(OUT_BLOCK_V, V), "chunk_indices": None, **no_gate}
-        out_sig = _fwd_signature({"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io,
-                                  "cu_seqlens": "constexpr", "chunk_indices": "constexpr", "scale": "fp32",
-                                  "T": "i32", "NT": "i32"},
-                                 out_c)
-        register_aot(AotSpec("delta_chunk_out_fwd", f"{label} BV={out_c['BV']} output_kernel=True",
-                             _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, **alt,
-                             meta={"archs": list(ALTERNATIVE_ARCHS),
-                                   "attrs": aligned_attrs(_delta_chunk_out_fwd_kernel, out_sig)}))
+        for l2norm in (False, True):
+            norm_types, norm_c = _l2norm_args(("rq",), l2norm)
+            out_c = {**base, "BK": BKO, "NK": NKO, "BV": min(OUT_BLOCK_V, V), "chunk_indices": None, **no_gate,
+                     **norm_c}
+            out_sig = _fwd_signature({"q": io, "gcum": g_ty, "h": "*fp32", "vnew": io, "aqk": io, "o": io,
+                                      **norm_types, "cu_seqlens": "constexpr", "chunk_indices": "constexpr",
+                                      "scale": "fp32", "T": "i32", "NT": "i32"},
+                                     out_c)
+            register_aot(AotSpec("delta_chunk_out_fwd",
+                                 f"{label} BV={out_c['BV']} output_kernel=True" + (f" {L2NORM_ROW}" if l2norm else ""),
+                                 _delta_chunk_out_fwd_kernel, out_sig, out_c, num_warps=4, **alt,
+                                 meta={"archs": list(ALTERNATIVE_ARCHS),
+                                       "attrs": aligned_attrs(_delta_chunk_out_fwd_kernel, out_sig)}))
 
 
 # ---- backward ---------------------------------------------------------------------------------------

@@ -357,7 +357,7 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     import lamina.kernels._utils as utils
     import lamina.kernels.delta_chunk_fwd as fwd
     from lamina.kernels.delta_chunk_common import GateAct, GateInput
-    from lamina.kernels.delta_report import GATE_ROW, TARGETS, _register_fwd
+    from lamina.kernels.delta_report import GATE_ROW, L2NORM_ROW, TARGETS, _register_fwd
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, delta_tuning
 
     K, name = 64, {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
@@ -411,6 +411,31 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                       and r.config == f"{variant} {name} K={K} V={K} {GATE_ROW}"]
             assert gate_spy == [tuple(row.constexprs[n] for n in ("BK", "NK", "BV", "GATE_ACT"))], (variant, arch)
             assert row.constexprs["GATE_ACT"] == GateAct.SOFTPLUS and row.meta["archs"] == list(ALTERNATIVE_ARCHS)
+    # the l2norm of q and k fused in (use_qk_l2norm_in_kernel; the preparation with the gate activation too where
+    # there is a decay, as the layers run it): each kernel's row of that name, alone and with the output kernel
+    names = ("BK", "NK", "BV", "GATE_ACT", "L2NORM", "STATE_IN_MEMORY", "STORE_O")
+    spies = {kernel: spy_launches(monkeypatch, kernel, *names) for kernel in kernels}
+    for arch in ALTERNATIVE_ARCHS:
+        monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=TARGETS[arch]: wg)
+        for variant, output_kernel in ((v, o) for v in VARIANTS for o in (False, True)):
+            inputs = make_inputs(variant, 1, 20, 2, 2, K, K, dtype, h0=True)
+            gate = None if inputs[3] is None else GateInput(torch.zeros(2), None, None)
+            for launched in spies.values():
+                launched.clear()
+            with delta_tuning(output_kernel=output_kernel):
+                fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7], gate=gate, l2norm_qk=True)
+            for kernel, launched in spies.items():
+                if kernel == "_out_fwd" and not output_kernel:
+                    assert not launched
+                    continue
+                suffix = " output_kernel=True" if output_kernel and kernel != "_prep_fwd" else ""
+                end = f"{suffix} {L2NORM_ROW}" + (f" {GATE_ROW}" if gate and kernel == "_prep_fwd" else "")
+                (row,) = [r for r in rows if r.name == kernels[kernel] and r.config.startswith(f"{variant} {name} ")
+                          and r.config.endswith(end) and ("output_kernel=True" in r.config) == bool(suffix)]
+                assert row.constexprs["L2NORM"] and row.meta["archs"] == list(ALTERNATIVE_ARCHS), row.config
+                want = tuple(row.constexprs.get(n) for n in names)
+                got = tuple(value if n in row.constexprs else None for n, value in zip(names, launched[0]))
+                assert len(launched) == 1 and got == want, (row.config, launched)
 
 
 @pytest.mark.slow
@@ -446,3 +471,40 @@ def test_autotuner_restores_the_state_in_memory():
     tuner.post_hook({"ht": ht}, exception=None)
     tuner.pre_hook({"ht": None, "STATE_IN_MEMORY": False})
     tuner.post_hook({"ht": None, "STATE_IN_MEMORY": False}, exception=None)
+
+
+# variant, T, H, HV, K, V, dtype, chunk size, extra, tuning
+L2NORM_CASES = [
+    ("delta", 100, 2, 4, 48, 32, torch.float32, 64, {"varlen": [0, 13, 77, 100], "h0": True}, {}),
+    ("gdn", 100, 2, 2, 64, 48, torch.bfloat16, 64, {"h0": True}, {}),
+    ("kda", 70, 2, 4, 32, 32, torch.float32, 16, {"decay": (0.0, 4.0)}, {}),
+    ("gdn2", 100, 2, 2, 32, 48, torch.float16, 64, {"h0": True}, {}),
+    ("gdn2", 100, 2, 4, 64, 32, torch.float32, 32, {"varlen": [0, 40, 41, 100]}, {"state_in_memory": True}),
+    ("kda", 100, 2, 2, 48, 64, torch.float32, 64, {"h0": True}, {"output_kernel": True}),
+    ("gdn", 100, 2, 4, 64, 32, torch.float32, 64, {"h0": True}, {"solve_block": 16}),
+]
+
+
+@pytest.mark.parametrize("variant,T,H,HV,K,V,dtype,chunk_size,extra,tuning", L2NORM_CASES,
+                         ids=[f"{c[0]}-{str(c[6])[6:]}-BT{c[7]}-{i}" for i, c in enumerate(L2NORM_CASES)])
+def test_l2norm_of_q_and_k_in_the_kernels(variant, T, H, HV, K, V, dtype, chunk_size, extra, tuning):
+    """``l2norm_qk``: raw q and k rows of norms 0.2 to 5 (and one zero key row), normalised inside the kernels,
+    against the float64 reference on the rows normalised in float64 (fla's ``x / sqrt(sum x^2 + 1e-6)``), with
+    the default tiles and the state pass's and solve's alternatives, HV > H and varlen; the states the
+    forward saves for the backward are those of the normalised keys too."""
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    q, k, v, g, b, w, s0, cu = make_inputs(variant, 1, T, H, HV, K, V, dtype, seed=3, **extra)
+    gen = torch.Generator().manual_seed(7)
+    q, k = ((x.float() * (0.2 + 4.8 * torch.rand(*x.shape[:3], 1, generator=gen))).to(dtype) for x in (q, k))
+    k[0, 5, 1] = 0.0
+    scale = K ** -0.5
+    norm = lambda x: x.double() / torch.sqrt(x.double().pow(2).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    ref_o, ref_s = reference(norm(q), norm(k), v, g, b, w, scale, s0, cu)
+    with delta_tuning(**tuning):
+        o, s, h = chunk_fwd(q, k, v, g, b, w, scale, s0, True, cu, chunk_size=chunk_size, l2norm_qk=True)
+        plain = chunk_fwd(norm(q).to(dtype), norm(k).to(dtype), v, g, b, w, scale, s0, True, cu,
+                          chunk_size=chunk_size)
+    assert_close("o", o, ref_o, dtype=dtype)
+    assert_close("final_state", s, ref_s, dtype=dtype)
+    assert_close("h", h, plain[2].double(), dtype=dtype)

@@ -48,19 +48,40 @@ def test_gate_formulas_match_fla():
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("backend, kernel_calls", [("triton", 2), ("torch", 0)])
-def test_qk_l2norm_runs_the_l2_norm_kernel(monkeypatch, backend, kernel_calls):
-    # use_qk_l2norm_in_kernel: one L2-norm kernel launch each for q and k on the Triton path, none on the torch
-    # path; the results (against fla's references) are checked by the tests that use the option
+@pytest.mark.parametrize("op, backend, grad, forward_norms, backward_norms", [
+    ("chunk", "triton", False, 0, 0), ("chunk", "triton", True, 0, 2), ("recurrent", "triton", True, 2, 0),
+    ("chunk", "torch", True, 0, 0)])
+def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms, backward_norms):
+    """use_qk_l2norm_in_kernel: the chunked Triton forward normalises q and k inside its kernels (launched with
+    L2NORM, no L2-norm kernel), and its backward runs the L2-norm kernel once each on q and k (then its
+    backward); the token-by-token path with gradients runs it before the kernels, the torch path never. The
+    results (against fla's references and float64) are checked by the tests that use the option."""
+    import lamina.kernels.delta_chunk_fwd as fwd
     import lamina.kernels.rms_norm_gated as norm_kernels
 
-    norms = []
-    real = norm_kernels.rms_norm_fwd
+    norms, backward_norms_run, fused = [], [], []
+    real, real_bwd, prep = norm_kernels.rms_norm_fwd, norm_kernels.rms_norm_bwd, fwd._prep_fwd
     monkeypatch.setattr(norm_kernels, "rms_norm_fwd", lambda *a: norms.append(a[-1]) or real(*a))
-    q, k, v = base_inputs()
+    monkeypatch.setattr(norm_kernels, "rms_norm_bwd", lambda *a: backward_norms_run.append(a[-1]) or real_bwd(*a))
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: fused.append(kw["L2NORM"]) or prep[grid](*a, **kw)
+
+    monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    q, k, v = (x.requires_grad_(grad) for x in base_inputs())
     g, beta = -rand(B, T, HV, seed=11).abs(), rand(B, T, HV, seed=12).sigmoid()
-    lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, backend=backend)
-    assert norms == ["l2"] * kernel_calls
+    fn = lamina.chunk_gated_delta_rule if op == "chunk" else lamina.fused_recurrent_gated_delta_rule
+    o, _ = fn(q, k, v, g, beta=beta, use_qk_l2norm_in_kernel=True, backend=backend)
+    assert norms == ["l2"] * forward_norms
+    assert fused == ([True] if op == "chunk" and backend == "triton" else [])
+    if grad:
+        norms.clear()
+        fused.clear()
+        o.sum().backward()
+        assert norms == ["l2"] * backward_norms and backward_norms_run == ["l2"] * (backward_norms or forward_norms)
+        # the backward recomputes the token-by-token path's states with the chunked forward, on normalised rows
+        assert fused == ([] if op == "chunk" else [False])
 
 
 @pytest.mark.interpret
@@ -323,8 +344,9 @@ def test_custom_op_registration_opcheck():
     q, k, v, g, b, w, h0 = family_inputs()
     no_gate = (False, None, None, None)
     gate = (True, torch.randn(g.shape[2]), torch.randn(g.shape[2] * g.shape[3]), None)  # the raw gate, fused in
-    for output_v_new, gate_args in ((False, no_gate), (True, no_gate), (False, gate)):
-        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new, *gate_args)
+    for output_v_new, gate_args, l2norm_qk in ((False, no_gate, False), (True, no_gate, False), (False, gate, False),
+                                              (False, gate, True)):
+        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new, *gate_args, l2norm_qk)
         torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
                               test_utils=("test_schema", "test_faketensor"))
 
@@ -478,3 +500,34 @@ def test_float32_training_path_is_the_ops(monkeypatch):
     with torch.no_grad():
         lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="torch")
     assert seen == [("cpu", torch.float32, False), ("cpu", torch.float32, True), ("cpu", torch.float32, False)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant,dtype", [("gdn", torch.bfloat16), ("kda", torch.float16), ("gdn2", torch.bfloat16)])
+def test_qk_l2norm_in_the_kernels_with_gradients(variant, dtype):
+    """use_qk_l2norm_in_kernel on the chunked Triton path in 16-bit, q and k rows of norms 0.1 to 10, varlen:
+    the output, final state and every gradient (through the norm, to the raw q and k) against autograd through
+    the float64 torch path on the same rounded inputs."""
+    q, k, v, g, b, w, _ = family_inputs()
+    gen = torch.Generator().manual_seed(31)
+    q, k = (x * 10 ** (2 * torch.rand(*x.shape[:3], 1, generator=gen) - 1) for x in (q, k))
+    inputs = [x.to(dtype) if x.dim() == 4 and x is not g else x for x in (q, k, v, g, b, w)]
+    cu = torch.tensor([0, 7, T], dtype=torch.int32)
+    h0 = rand(2, HV, K, V, seed=32)
+    leaves = [x.clone().requires_grad_() for x in (*inputs, h0)]
+    leaves64 = [x.detach().double().requires_grad_() for x in (*inputs, h0)]
+    do, ds = rand(1, T * B, HV, V, seed=33), rand(2, HV, K, V, seed=34)
+    outs = []
+    for xs, backend in ((leaves, "triton"), (leaves64, "torch")):
+        flat = [x.reshape(1, -1, *x.shape[2:]) for x in xs[:6]]
+        o, s = CALLS[variant](*flat, initial_state=xs[6], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                              cu_seqlens=cu, backend=backend)
+        ((o * do.to(o.dtype)).sum() + (s * ds.to(s.dtype)).sum()).backward()
+        outs.append((o, s))
+    assert_close("o", outs[0][0], outs[1][0], dtype=dtype)
+    assert_close("final_state", outs[0][1], outs[1][1], dtype=dtype)
+    for name, a, e in zip(["q", "k", "v", "g", "b", "w", "initial_state"], leaves, leaves64):
+        if e.grad is None:
+            assert a.grad is None, name
+            continue
+        assert_close(f"d{name}", a.grad, e.grad, dtype=dtype)

@@ -22,5 +22,7 @@ CPU_CHUNK_SIZE = 32
 MAX_K = 512
 # Largest value head dim (tiled over programs, so only memory bounds it; kept equal to fla's).
 MAX_V = 512
+# fla's l2norm of q and k (``use_qk_l2norm_in_kernel``): x / sqrt(sum(x^2) + eps) over the key dim.
+L2NORM_EPS = 1e-6
 
-__all__ = ["CHUNK_SIZES", "CPU_CHUNK_SIZE", "DEFAULT_CHUNK_SIZE", "MAX_K", "MAX_V"]
+__all__ = ["CHUNK_SIZES", "CPU_CHUNK_SIZE", "DEFAULT_CHUNK_SIZE", "L2NORM_EPS", "MAX_K", "MAX_V"]

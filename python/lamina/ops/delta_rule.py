@@ -34,9 +34,12 @@ Input transforms: ``use_gate_in_kernel`` (with ``A_log``/``dt_bias``/``lower_bou
 chunked Triton kernels: they read the raw gate and apply the activation where they load it, forward and
 backward, and the backward returns the gradients of the raw gate, ``A_log`` and ``dt_bias`` (with ``gk``
 or ``cp_context``, and on the torch path, it is applied with PyTorch ops in float32 first, as below).
-``use_qk_l2norm_in_kernel`` runs ``lamina.l2_norm`` on q and k before the chunked kernels: one Triton
-pass over each, forward and backward (computed in float32; PyTorch ops with ``backend="torch"``), as fla
-runs its own l2norm kernel before its chunked ones. ``use_beta_sigmoid_in_kernel`` (with
+``use_qk_l2norm_in_kernel`` is fused into the chunked Triton kernels too: the forward's kernels take the rows'
+norms from the key blocks they load and scale their products by them, without a pass of their own (fla runs
+its l2norm kernel over q and k before its chunked ones); the backward forms the normalised rows with
+``lamina.l2_norm``'s kernel and takes their gradients back through its backward. On the token-by-token path
+(with gradients), with ``cp_context`` and on the torch path ``lamina.l2_norm`` runs on q and k first
+(PyTorch ops with ``backend="torch"``), computed in float32. ``use_beta_sigmoid_in_kernel`` (with
 ``allow_neg_eigval``) is applied here with PyTorch ops, in float32, before the kernels, on every backend;
 autograd differentiates it. The results are fla's to float32 rounding.
 
@@ -206,7 +209,7 @@ def _run(
             acc = torch.promote_types(torch.promote_types(g.dtype, gk.dtype), torch.float32)
             gk = g.to(acc)[..., None] + gk.to(acc)
         g = gk
-    if use_qk_l2norm_in_kernel:
+    if use_qk_l2norm_in_kernel and cp_context is not None:  # else delta_rule_core normalises them
         q, k = l2norm(q, backend), l2norm(k, backend)
     if gate_kind == _SCALAR:
         # beta None is ones, then the in-kernel options apply to it, as in fla
@@ -224,7 +227,8 @@ def _run(
                                                    output_v_new)
     else:
         o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
-                                       chunk_size, recurrent, backend, output_v_new=output_v_new, gate=gate)
+                                       chunk_size, recurrent, backend, output_v_new=output_v_new, gate=gate,
+                                       l2norm_qk=use_qk_l2norm_in_kernel)
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return (o, ht, v_new) if output_v_new else (o, ht)
