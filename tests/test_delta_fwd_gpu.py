@@ -66,8 +66,8 @@ def test_recurrent_matrix_on_gpu(variant, B, T, H, HV, K, V, dtype, extra):
     assert_close("final_state", s, ref_s, dtype=dtype)
 
 
-def _grads(variant, leaves, do, ds, backend):
-    o, s = _call(variant, False, *leaves, None, backend=backend)
+def _grads(variant, leaves, do, ds, backend, **kw):
+    o, s = _call(variant, False, *leaves, None, backend=backend, **kw)
     torch.autograd.backward([o, s], [do.to(o.dtype), ds.to(s.dtype)])
     return o, s, [None if x is None else x.grad for x in leaves]
 
@@ -91,6 +91,28 @@ def test_large_bf16_forward_backward_and_determinism(variant):
             continue
         assert torch.equal(g1, g2), f"d{name} differs between two backward runs"
         assert_close(f"d{name}", g1, gr, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", list(OPS))
+def test_large_bf16_with_the_qk_l2norm_in_the_kernels(variant):
+    """use_qk_l2norm_in_kernel at B=2, T=2048, K=V=128, bf16, raw q and k rows of norms 0.1 to 10: the forward
+    normalises inside its kernels, the backward through the L2-norm kernel; output, state and every gradient
+    against autograd through the float64 torch path on the same inputs."""
+    B, T, H, HV, K, V = 2, 2048, 4, 4, 128, 128
+    base = _cuda(make_inputs(variant, B, T, H, HV, K, V, torch.bfloat16, decay=(0.0, 0.5), h0=True))[:7]
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    for i in (0, 1):  # rows of norms 10^-1 .. 10
+        base[i] = (base[i].float() * 10 ** (2 * torch.rand(B, T, H, 1, device=DEV, generator=gen) - 1)).bfloat16()
+    do = torch.randn(B, T, HV, V, device=DEV, generator=gen)
+    ds = torch.randn(B, HV, K, V, device=DEV, generator=gen)
+    leaf = lambda xs, dt=None: [None if x is None else x.detach().to(dt or x.dtype).requires_grad_() for x in xs]
+    run = _grads(variant, leaf(base), do, ds, "triton", use_qk_l2norm_in_kernel=True)
+    ref = _grads(variant, leaf(base, torch.float64), do, ds, "torch", use_qk_l2norm_in_kernel=True)
+    assert_close("o", run[0], ref[0], dtype=torch.bfloat16)
+    assert_close("final_state", run[1], ref[1], dtype=torch.bfloat16)
+    for name, g, gr in zip(("q", "k", "v", "g", "b", "w", "initial_state"), run[2], ref[2]):
+        if gr is not None:
+            assert_close(f"d{name}", g, gr, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("variant", ["kda", "gdn2"])

@@ -48,16 +48,19 @@ class FloorChunkPrep:
     result is right whenever every length is a multiple of the chunk size)."""
 
     def __init__(self, kernel):
+        from lamina.kernels._utils import raw_jit
+
         self.kernel = kernel
+        self.at = raw_jit(kernel).arg_names.index("chunk_indices")  # the launcher passes it by position
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            cu_seqlens, indices, T = args[11], args[12], kwargs["T"]
+            cu_seqlens, indices, T = args[self.at - 1], args[self.at], kwargs["T"]
             seq, within = indices[:, 0].long(), indices[:, 1].long()
             lens = torch.full_like(seq, T) if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).long()[seq]
             full = indices[(within + 1) * kwargs["BT"] <= lens].contiguous()
             if full.shape[0]:
-                self.kernel[(full.shape[0] * kwargs["HV"],)](*args[:12], full, *args[13:], **kwargs)
+                self.kernel[(full.shape[0] * kwargs["HV"],)](*args[:self.at], full, *args[self.at + 1:], **kwargs)
 
         return launch
 
