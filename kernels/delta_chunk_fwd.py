@@ -28,10 +28,9 @@ Two launches:
    memory) and stores the chunk-start states ``h`` for the backward.
 
 ``L2NORM`` (fla's ``use_qk_l2norm_in_kernel``): q and k are the raw rows, and no kernel of their own normalises
-them. The preparation kernel sums the squares of each row over the key blocks it loads for ``L`` and ``Aqk``,
-scales those by the rows' inverse norms afterwards (``L_ts = r_t r_s (E K^T)_ts``, ``Aqk_ts = rq_t r_s (Q K^T)_ts``:
-row scalings commute with the decays) and ``Y``'s rows by ``r``, and stores ``rq`` and ``r`` (``[B, T, H]``
-float32); the state pass and the separate output kernel scale the rows of q and k they load by them.
+them. The preparation kernel takes the inverse norms ``rq`` and ``r`` of its chunk's rows of q and k first
+(stored, ``[B, T, H]`` float32) and scales every row of q and k it loads by them (for ``L``, ``Aqk`` and
+``Y``); the state pass and the separate output kernel scale the rows of q and k they load by them.
 
 The token-by-token twin for decoding is kernels/delta_recurrent_fwd.py.
 """
@@ -181,23 +180,21 @@ SOLVE_BLOCK = DeltaTuning().solve_block
 # 1. per-chunk preparation
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0, seqlen, o_t, m_t, i_h, i_hv,
+def _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, b_rq, b_rk, rk, kb, tok0, t0, seqlen, o_t, m_t, i_h, i_hv,
                     scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
                     SUB: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     L2NORM: tl.constexpr):
     """Adds key block ``kb``'s part of ``L = E K^T`` and ``Aqk = scale Q K^T`` (decayed per channel
-    here; a scalar decay is applied by the caller) onto ``b_L`` and ``b_Aqk``, and with ``L2NORM`` its part
-    of the rows' sums of squares of q and k onto ``b_qq`` and ``b_kk`` (the products are of the raw rows: the
-    caller scales them by the rows' inverse norms)."""
+    here; a scalar decay is applied by the caller) onto ``b_L`` and ``b_Aqk``; with ``L2NORM`` the rows of q
+    and k scaled by their inverse norms ``b_rq`` and ``b_rk`` (``rk`` in memory) as they are loaded."""
     DT = q.dtype.element_ty
     o_k = kb * BK + tl.arange(0, BK)
     m = m_t[:, None] & (o_k < K)[None, :]
     b_k = tl.load(_row_ptrs(k, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
-    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+    b_q = tl.load(_row_ptrs(q, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32) * scale
     if L2NORM:
-        b_qq += tl.sum(b_q * b_q, 1)
-        b_kk += tl.sum(b_k * b_k, 1)
-    b_q = b_q * scale
+        b_k = b_k * b_rk[:, None]
+        b_q = b_q * b_rq[:, None]
     if ERASE == GATE_SCALAR:
         b_e = b_k * b_beta[:, None]
     else:
@@ -229,6 +226,9 @@ def _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
             rows_j = (o_t // SUB) * SUB + j
             m_j = ((t0 + rows_j) < seqlen)[:, None] & (o_k < K)[None, :]
             b_kj = tl.load(_row_ptrs(k, tok0, rows_j, i_h, H, K, o_k), mask=m_j, other=0.0).to(tl.float32)
+            if L2NORM:
+                b_rkj = tl.load(_vec_ptrs(rk, tok0, rows_j, i_h, H), mask=(t0 + rows_j) < seqlen, other=0.0)
+                b_kj = b_kj * b_rkj[:, None]
             b_Gj = tl.load(_row_ptrs(gcum, tok0, rows_j, i_hv, HV, K, o_k), mask=m_j, other=0.0)
             l_val = tl.sum(b_e * b_kj * _masked_exp(b_G - b_Gj, ((off > j) & m_t)[:, None]), 1)
             q_val = tl.sum(b_q * b_kj * _masked_exp(b_G - b_Gj, ((off >= j) & m_t)[:, None]), 1)
@@ -239,7 +239,21 @@ def _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
         b_kT = tl.trans(b_k.to(DT))
         b_L += tl.dot(b_e.to(DT), b_kT, input_precision=DOT_PRECISION)
         b_Aqk += tl.dot(b_q.to(DT), b_kT, input_precision=DOT_PRECISION)
-    return b_L, b_Aqk, b_qq, b_kk
+    return b_L, b_Aqk
+
+
+@triton.jit
+def _store_inverse_norms(x, dst, tok0, o_t, m_t, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                         BK: tl.constexpr, NK: tl.constexpr):
+    """Stores ``1 / sqrt(sum(x^2) + eps)`` of each of the chunk's rows of ``x [.., T, H, K]`` into ``dst
+    [.., T, H]`` (float32), summed over the key blocks in a rolled loop."""
+    b_ss = tl.zeros([BT], dtype=tl.float32)
+    for kb in range(NK):
+        o_k = kb * BK + tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < K)[None, :]
+        b_x = tl.load(_row_ptrs(x, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
+        b_ss += tl.sum(b_x * b_x, 1)
+    tl.store(_vec_ptrs(dst, tok0, o_t, i_h, H), 1.0 / tl.sqrt(b_ss + L2NORM_EPS_C), mask=m_t)
 
 
 @triton.jit
@@ -344,35 +358,36 @@ def _delta_chunk_prep_fwd_kernel(
         b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
 
     # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
+    if L2NORM:
+        # The rows' inverse norms, for the products below and for the state pass and the output: a rolled pass
+        # over the key blocks first, stored, read back (every program of a group of value heads stores the same
+        # values; each reads what its own threads stored, after the barrier) and applied to the rows as the key
+        # loop loads them. Static report, sm_90, Triton 3.6, 16-bit KDA and GDN-2 at K = 512 (255 registers
+        # with the gate activation alone): with the sums taken inside the unrolled key loop and L and Aqk scaled
+        # after it, 28-29 STL; sums first, the products scaled after, 11-12; the rows scaled as loaded, 0.
+        _store_inverse_norms(q, rq, tok0, o_t, m_t, i_h, H, K, BT, BK, NK)
+        _store_inverse_norms(k, rk, tok0, o_t, m_t, i_h, H, K, BT, BK, NK)
+        tl.debug_barrier()
+    b_rq = 1.0
+    b_rk = 1.0
+    if L2NORM:
+        b_rq = tl.load(_vec_ptrs(rq, tok0, o_t, i_h, H), mask=m_t, other=0.0)
+        b_rk = tl.load(_vec_ptrs(rk, tok0, o_t, i_h, H), mask=m_t, other=0.0)
     b_L = tl.zeros([BT, BT], dtype=tl.float32)
     b_Aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    b_qq = tl.zeros([BT], dtype=tl.float32)  # the rows' sums of squares (L2NORM)
-    b_kk = tl.zeros([BT], dtype=tl.float32)
     # fp32 (tf32x3 products, split operands) loops over the key blocks; unrolled, their loads and
     # splits overlap and spilled from K = 128 on (sm_90). 16-bit activations keep the unrolled loop:
     # rolled, GDN's bf16 K = 256 prep spilled on sm_80 (static report).
     if DT == tl.float32:
         for kb in range(NK):
-            b_L, b_Aqk, b_qq, b_kk = _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
-                                                     seqlen, o_t, m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB,
-                                                     DECAY, ERASE, DOT_PRECISION, L2NORM)
+            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, b_rq, b_rk, rk, kb, tok0, t0, seqlen, o_t,
+                                         m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION,
+                                         L2NORM)
     else:
         for kb in tl.static_range(NK):
-            b_L, b_Aqk, b_qq, b_kk = _gram_key_block(b_L, b_Aqk, b_qq, b_kk, q, k, b, gcum, b_beta, kb, tok0, t0,
-                                                     seqlen, o_t, m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB,
-                                                     DECAY, ERASE, DOT_PRECISION, L2NORM)
-    b_rk = 1.0
-    if L2NORM:
-        # q and k l2-normalised by scaling the raw rows' products: L_ts = r_t r_s (E K^T)_ts with r the keys'
-        # inverse norms, Aqk_ts = rq_t r_s (Q K^T)_ts (row scalings commute with the decays). The inverse
-        # norms are stored for the state pass and the output (one program of each group of value heads).
-        b_rq = 1.0 / tl.sqrt(b_qq + L2NORM_EPS_C)
-        b_rk = 1.0 / tl.sqrt(b_kk + L2NORM_EPS_C)
-        b_L = b_L * (b_rk[:, None] * b_rk[None, :])
-        b_Aqk = b_Aqk * (b_rq[:, None] * b_rk[None, :])
-        if i_hv % (HV // H) == 0:
-            tl.store(_vec_ptrs(rq, tok0, o_t, i_h, H), b_rq, mask=m_t)
-            tl.store(_vec_ptrs(rk, tok0, o_t, i_h, H), b_rk, mask=m_t)
+            b_L, b_Aqk = _gram_key_block(b_L, b_Aqk, q, k, b, gcum, b_beta, b_rq, b_rk, rk, kb, tok0, t0, seqlen, o_t,
+                                         m_t, i_h, i_hv, scale, H, HV, K, BK, NB, SUB, DECAY, ERASE, DOT_PRECISION,
+                                         L2NORM)
     if DECAY != DECAY_CHANNEL:
         m_lower = o_t[:, None] > o_t[None, :]
         m_lower_eq = o_t[:, None] >= o_t[None, :]
@@ -416,6 +431,9 @@ def _delta_chunk_prep_fwd_kernel(
     # fp32 blocked-solve rows spilled 2-111 STL (A's split operands live beside every key block's loads) and
     # rolled none does, while the fp32 defaults take 28-60 fewer registers; rolled, 16-bit KDA and GDN-2
     # took 20-47 more.
+    b_rk = 1.0
+    if L2NORM:  # loaded again rather than kept live across the solve
+        b_rk = tl.load(_vec_ptrs(rk, tok0, o_t, i_h, H), mask=m_t, other=0.0)
     if ERASE == GATE_SCALAR and DECAY == DECAY_CHANNEL:
         # KDA loads its erase gate again rather than keep it live across the solve. Static report, sm_80,
         # Triton 3.6: kept, fp32 K = 128 to 512 and bf16/fp16 K = 512 spilled 1 STL; reloaded, 0.

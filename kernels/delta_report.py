@@ -7,9 +7,9 @@ Two grids of (K = V, activation dtype):
 
 * ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
-  ``delta_tuning``, the kernels with the gate activation fused in (``GATE_ROW``) and the forward's kernels
-  with the l2norm of q and k fused in (``L2NORM_ROW``) at K = 128, as non-default rows on
-  ``ALTERNATIVE_ARCHS``.
+  ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``) at K = 128, as
+  non-default rows on ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in
+  (``L2NORM_ROW``) at K = 128, non-default rows with every target's default blocks (the layers run them).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -57,9 +57,10 @@ FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", 
 # The label of the rows with the gate activation fused in (fla's use_gate_in_kernel, softplus form), non-default
 # rows on ALTERNATIVE_ARCHS next to the alternatives: the kernels that load the gate, with their default blocks.
 GATE_ROW = "use_gate_in_kernel"
-# The label of the forward's rows with the l2norm of q and k fused in (fla's use_qk_l2norm_in_kernel), rows like
-# GATE_ROW's: the three forward kernels with their default blocks (the preparation kernel with the gate
-# activation fused in too, as the layers run it, where the variant has a decay).
+# The label of the forward's rows with the l2norm of q and k fused in (fla's use_qk_l2norm_in_kernel): the
+# preparation kernel and the state pass with each target's default blocks (the preparation with the gate
+# activation fused in too, as the layers run it, where the variant has a decay), and on ALTERNATIVE_ARCHS the
+# state pass and the output kernel of the separate output pass.
 L2NORM_ROW = "use_qk_l2norm_in_kernel"
 # The key dim of the default grid's alternative rows (the common head size).
 ALTERNATIVE_K = 128
@@ -159,15 +160,15 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                                  prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, **choice},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
-        if alternatives:  # the l2norm of q and k fused in (with the gate activation where there is a decay)
-            gated = decay != DecayKind.NONE
-            register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {L2NORM_ROW}" + (f" {GATE_ROW}" if gated else ""),
-                                 _delta_chunk_prep_fwd_kernel, l2_sig,
-                                 {**prep_l2_c, "BK": BKP, "NK": NKP, "BV": BVP,
-                                  **({"GATE_ACT": GateAct.SOFTPLUS} if gated else {})},
+        # the l2norm of q and k fused in (with the gate activation where there is a decay), on every target
+        suffix = f" {L2NORM_ROW}" + (f" {GATE_ROW}" if decay != DecayKind.NONE else "")
+        gate_c = {"GATE_ACT": GateAct.SOFTPLUS} if decay != DecayKind.NONE else {}
+        for (bk, nk, bv), archs in prep_archs.items() if alternatives else ():
+            register_aot(AotSpec("delta_chunk_prep_fwd",
+                                 label + (f" BK={bk} BV={bv}" if len(prep_archs) > 1 else "") + suffix,
+                                 _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **gate_c},
                                  num_warps=8, num_stages=1, default=False,
-                                 meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig),
-                                       "archs": list(ALTERNATIVE_ARCHS)}))
+                                 meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig), "archs": archs}))
 
         scan_base = {**base, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
                      "chunk_offsets": None, **no_gate}
@@ -180,8 +181,9 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
             _register_scan(*scan_row, tiles, " state in memory" if tiles.state_in_memory else "", True, True, archs)
         if not alternatives:
             continue
-        _register_scan(*scan_row, scan_tiles(K, V, fp32, alt_mma), f" {L2NORM_ROW}", True, False,
-                       list(ALTERNATIVE_ARCHS), l2norm=True)
+        for tiles, archs in per_arch.items():
+            _register_scan(*scan_row, tiles, (" state in memory" if tiles.state_in_memory else "") + f" {L2NORM_ROW}",
+                           True, False, archs, l2norm=True)
         for tuning in ALTERNATIVES:
             tiles = scan_tiles(K, V, fp32, alt_mma, tuning)
             if tuning.state_in_memory is not None and tiles != scan_tiles(K, V, fp32, alt_mma):
