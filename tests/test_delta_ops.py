@@ -502,6 +502,7 @@ def test_float32_training_path_is_the_ops(monkeypatch):
     assert seen == [("cpu", torch.float32, False), ("cpu", torch.float32, True), ("cpu", torch.float32, False)]
 
 
+@pytest.mark.grid  # leg 1 of CI; the oldest-Triton leg runs the kernels' own l2norm tests (test_delta_fwd.py)
 @pytest.mark.interpret
 @pytest.mark.parametrize("variant,dtype", [("gdn", torch.bfloat16), ("kda", torch.float16), ("gdn2", torch.bfloat16)])
 def test_qk_l2norm_in_the_kernels_with_gradients(variant, dtype):
