@@ -163,6 +163,15 @@ def has_warpgroup_mma(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def l2norm_in_kernels(device: torch.device) -> bool:
+    """Whether the delta-rule ops fuse fla's ``use_qk_l2norm_in_kernel`` into the chunked forward kernels on
+    ``device`` (``L2NORM``): on Hopper and under the interpreter. Elsewhere the ops run ``lamina.l2_norm`` on q
+    and k first: compiled for sm_80 (static report, Triton 3.9), the fused preparation kernel spilled 4-6 STL
+    for fp32 and 9-114 STL for 16-bit DeltaNet and GDN at K = 512, and the fused state pass 2 STL for 16-bit
+    KDA and GDN-2 at K = 128."""
+    return device.type != "cuda" or has_warpgroup_mma(device)
+
+
 def value_block(K: int, V: int, fp32: bool = False, warpgroup_mma: bool = True) -> int:
     """V tile of one state-pass program, so that the K x BV fp32 state stays in registers
     (``warpgroup_mma``: the target has warpgroup products, see ``has_warpgroup_mma``)."""

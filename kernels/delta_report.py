@@ -9,7 +9,8 @@ Two grids of (K = V, activation dtype):
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
   ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``) at K = 128, as
   non-default rows on ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in
-  (``L2NORM_ROW``) at K = 128, non-default rows with every target's default blocks (the layers run them).
+  (``L2NORM_ROW``) at K = 128, non-default rows with the default blocks of the targets that fuse it
+  (``L2NORM_ARCHS``; the layers run them).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -58,14 +59,17 @@ FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", 
 # rows on ALTERNATIVE_ARCHS next to the alternatives: the kernels that load the gate, with their default blocks.
 GATE_ROW = "use_gate_in_kernel"
 # The label of the forward's rows with the l2norm of q and k fused in (fla's use_qk_l2norm_in_kernel): the
-# preparation kernel and the state pass with each target's default blocks (the preparation with the gate
-# activation fused in too, as the layers run it, where the variant has a decay), and on ALTERNATIVE_ARCHS the
-# state pass and the output kernel of the separate output pass.
+# preparation kernel and the state pass with the default blocks of each target that fuses it (L2NORM_ARCHS:
+# delta_chunk_common.l2norm_in_kernels; the preparation with the gate activation fused in too, as the layers run
+# it, where the variant has a decay), and on ALTERNATIVE_ARCHS the state pass and the output kernel of the
+# separate output pass.
 L2NORM_ROW = "use_qk_l2norm_in_kernel"
 # The key dim of the default grid's alternative rows (the common head size).
 ALTERNATIVE_K = 128
 # The report's targets and whether each has warpgroup products (``has_warpgroup_mma``).
 TARGETS = {90: True, 80: False}
+# The targets whose ops fuse the l2norm of q and k into the forward (those with warpgroup products).
+L2NORM_ARCHS = tuple(arch for arch, warpgroup_mma in TARGETS.items() if warpgroup_mma)
 
 
 def _shapes(direction: str) -> list[tuple[int, str, bool]]:
@@ -164,6 +168,9 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         suffix = f" {L2NORM_ROW}" + (f" {GATE_ROW}" if decay != DecayKind.NONE else "")
         gate_c = {"GATE_ACT": GateAct.SOFTPLUS} if decay != DecayKind.NONE else {}
         for (bk, nk, bv), archs in prep_archs.items() if alternatives else ():
+            archs = [a for a in archs if a in L2NORM_ARCHS]
+            if not archs:
+                continue
             register_aot(AotSpec("delta_chunk_prep_fwd",
                                  label + (f" BK={bk} BV={bv}" if len(prep_archs) > 1 else "") + suffix,
                                  _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **gate_c},
@@ -182,8 +189,10 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         if not alternatives:
             continue
         for tiles, archs in per_arch.items():
-            _register_scan(*scan_row, tiles, (" state in memory" if tiles.state_in_memory else "") + f" {L2NORM_ROW}",
-                           True, False, archs, l2norm=True)
+            archs = [a for a in archs if a in L2NORM_ARCHS]
+            if archs:
+                _register_scan(*scan_row, tiles, (" state in memory" if tiles.state_in_memory else "")
+                               + f" {L2NORM_ROW}", True, False, archs, l2norm=True)
         for tuning in ALTERNATIVES:
             tiles = scan_tiles(K, V, fp32, alt_mma, tuning)
             if tuning.state_in_memory is not None and tiles != scan_tiles(K, V, fp32, alt_mma):

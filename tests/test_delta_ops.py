@@ -532,3 +532,36 @@ def test_qk_l2norm_in_the_kernels_with_gradients(variant, dtype):
             assert a.grad is None, name
             continue
         assert_close(f"d{name}", a.grad, e.grad, dtype=dtype)
+
+
+def test_l2norm_fused_on_hopper_and_under_the_interpreter(monkeypatch):
+    """``l2norm_in_kernels``: the forward fuses the l2norm of q and k on sm_90 and on CPU (the interpreter), not on
+    other GPUs (the fused kernels spill on sm_80); there the op runs the L2-norm kernel first and launches the
+    chunked kernels without L2NORM."""
+    import lamina.kernels.delta_chunk_common as common
+    import lamina.kernels.delta_chunk_fwd as fwd
+    import lamina.kernels.rms_norm_gated as norm_kernels
+
+    for major, fused in ((9, True), (8, False), (10, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
+        assert common.l2norm_in_kernels(torch.device("cuda")) == fused
+    assert common.l2norm_in_kernels(torch.device("cpu"))
+    monkeypatch.undo()
+    norms, fused_launches = [], []
+    real, prep = norm_kernels.rms_norm_fwd, fwd._prep_fwd
+    monkeypatch.setattr(norm_kernels, "rms_norm_fwd", lambda *a: norms.append(a[-1]) or real(*a))
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: fused_launches.append(kw["L2NORM"]) or prep[grid](*a, **kw)
+
+    monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    monkeypatch.setattr(common, "l2norm_in_kernels", lambda device: False)
+    q, k, v = base_inputs()
+    g, beta = -rand(B, T, HV, seed=11).abs(), rand(B, T, HV, seed=12).sigmoid()
+    o, _ = lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, backend="triton")
+    assert norms == ["l2", "l2"] and fused_launches == [False]
+    monkeypatch.setattr(common, "l2norm_in_kernels", lambda device: True)
+    fused_o, _ = lamina.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, backend="triton")
+    assert norms == ["l2", "l2"] and fused_launches == [False, True]
+    assert_close("o fused against o normalised first", fused_o, o)

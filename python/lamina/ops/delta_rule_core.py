@@ -393,6 +393,12 @@ def training_path(op: str, path: str, backend: str, device_type: str, dtype: tor
         "train in bfloat16/float16, or use backend='auto' or 'torch' (PyTorch) for float32")
 
 
+def _l2norm_in_kernels(device: torch.device) -> bool:
+    from lamina.kernels.delta_chunk_common import l2norm_in_kernels
+
+    return l2norm_in_kernels(device)
+
+
 def delta_rule_core(
     op: str,
     q: torch.Tensor,
@@ -415,8 +421,9 @@ def delta_rule_core(
     """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``.
 
     ``l2norm_qk`` (fla's ``use_qk_l2norm_in_kernel``): q and k are raw and l2-normalised here: inside the
-    chunked Triton kernels, forward and backward (no pass of their own in the forward), or by ``l2norm`` first
-    on the token-by-token Triton path and the PyTorch path.
+    chunked Triton forward kernels where ``kernels.delta_chunk_common.l2norm_in_kernels`` allows (no pass of
+    their own in the forward; the backward runs the L2-norm kernel), else by ``l2norm`` first (the
+    token-by-token Triton path, the PyTorch path, GPUs other than Hopper).
 
     ``gate``: ``(A_log, dt_bias, lower_bound)`` of fla's ``use_gate_in_kernel`` (validated by the caller):
     ``g`` is then the raw gate input, activated inside the Triton kernels, forward and backward, or by
@@ -429,7 +436,7 @@ def delta_rule_core(
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
     path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad)
-    if l2norm_qk and (path == "torch" or recurrent):
+    if l2norm_qk and (path == "torch" or recurrent or not _l2norm_in_kernels(q.device)):
         q, k, l2norm_qk = l2norm(q, backend), l2norm(k, backend), False
     if path == "torch" and gate is not None:
         g = gate_activation(g, *gate)
