@@ -739,8 +739,8 @@ def delta_chunk_fwd(
 
     Inputs (beta sigmoid already applied by the caller; with ``l2norm_qk`` the kernels l2-normalise the rows of
     q and k, fla's ``use_qk_l2norm_in_kernel``, without a pass of their own: the preparation kernel takes the
-    rows' norms from the key blocks it loads and scales its products by them, the state pass and the output
-    scale the rows they load):
+    rows' inverse norms first and every kernel scales the rows of q and k it loads by them. The ops ask for it
+    where ``delta_chunk_common.l2norm_in_kernels``: compiled for sm_80 these kernels spill):
     ``q, k: [B, T, H, K]``; ``v: [B, T, HV, V]`` with ``HV % H == 0``;
     ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]``, per-token log decay (not cumulated), or with
     ``gate`` the raw gate input the prep kernel activates (``GateInput``: fla's ``use_gate_in_kernel``);
