@@ -356,12 +356,14 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     static report with the blocks it launched with (rows registered here for K = V = 64, as the full grid does)."""
     import lamina.kernels._utils as utils
     import lamina.kernels.delta_chunk_fwd as fwd
+    import lamina.kernels.delta_report as report
     from lamina.kernels.delta_chunk_common import GateAct, GateInput
     from lamina.kernels.delta_report import GATE_ROW, L2NORM_ARCHS, L2NORM_ROW, TARGETS, _register_fwd
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, delta_tuning
 
     K, name = 64, {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
     monkeypatch.setattr(utils, "_REGISTRY", [])
+    monkeypatch.setattr(report, "report_grid", lambda: "full")
     _register_fwd(K, name, True)
     rows = utils.registered_aot()
     kernels = {"_prep_fwd": "delta_chunk_prep_fwd", "_scan_fwd": "delta_chunk_scan_fwd",
