@@ -29,6 +29,10 @@ gradient of the cumulative decay is read off the gradients above (``dk_G`` = dk 
 
 and ``dg`` is the reverse cumulative sum of ``dG`` inside the chunk (summed over K for a scalar gate).
 
+A scalar beta given raw (``BETA_ACT``, fla's ``use_beta_sigmoid_in_kernel``) is activated where the kernels load
+it, and each partial sum of ``db`` and ``dw`` (per key or value block) is multiplied by the activation's
+derivative before it is stored: the launcher's sums are then the raw beta's gradients.
+
 Kernels (no atomics anywhere, so two runs are bitwise equal):
 
 1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``P``, and everything that needs ``S0`` or
@@ -84,6 +88,7 @@ from lamina.kernels.delta_chunk_bwd_tiles import (
     scan_block_v,
 )
 from lamina.kernels.delta_chunk_common import (
+    BETA_NONE,
     CHUNK_SIZES,
     DECAY_CHANNEL,
     DECAY_SCALAR,
@@ -92,9 +97,13 @@ from lamina.kernels.delta_chunk_common import (
     GATE_CHANNEL,
     GATE_SCALAR,
     MAX_K,
+    BetaAct,
     DecayKind,
     GateInput,
     GateKind,
+    activated_beta,
+    beta_grad_factor,
+    check_beta_act,
     chunk_indices,
     chunk_rows,
     first_chunk,
@@ -127,6 +136,7 @@ def _delta_chunk_bwd_prep_kernel(
     BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE_ACT: tl.constexpr, P_PRODUCT: tl.constexpr,
+    BETA_ACT: tl.constexpr,
 ):
     i_ch = tl.program_id(0)
     i_c = i_ch // HV
@@ -168,7 +178,7 @@ def _delta_chunk_bwd_prep_kernel(
     if DT == tl.float32:
         A_c = load_tile(A_buf, t0, L, HV * BT, i_hv * BT, 0, o_t, o_t, BT)
     if ERASE == GATE_SCALAR:
-        b_s = load_vec(b + i_hv, t0, L, HV, o_t)
+        b_s = activated_beta(load_vec(b + i_hv, t0, L, HV, o_t), BETA_ACT)
     # P^T: with P_PRODUCT (dense decays on Hopper) formed as a product of its own above, not with tl.trans
     # of the product P: the Triton 3.4-3.6 Hopper miscompile of the forward's solve (kernels/delta_chunk_fwd.py).
     # Elsewhere the transpose: on sm_80 the extra product's operand spilled GDN bf16 K = 512 (9 STL, Triton
@@ -186,7 +196,7 @@ def _delta_chunk_bwd_prep_kernel(
         if WRITE == GATE_CHANNEL:
             rhs = rhs * load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         else:
-            rhs = rhs * load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
+            rhs = rhs * activated_beta(load_vec(w + i_hv, t0, L, HV, o_t), BETA_ACT)[:, None]
         for k0 in range(0, K, BK):
             k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
             q_g = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * scale
@@ -220,7 +230,7 @@ def _delta_chunk_bwd_dh_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DH_IN_MEMORY: tl.constexpr, GATE_ACT: tl.constexpr,
+    DH_IN_MEMORY: tl.constexpr, GATE_ACT: tl.constexpr, BETA_ACT: tl.constexpr,
 ):
     # dH is held as a tuple of NKB (at most four) [BK, BV] row blocks of the [K, BV] column block, each
     # chunk's loops over it unrolled (static_range), so that every [BT, K] operand is formed BK columns at a
@@ -270,7 +280,7 @@ def _delta_chunk_bwd_dh_kernel(
         if DH_IN_MEMORY:
             for k0 in range(0, K, BK):
                 kt, _, _ = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE,
-                                         A_log, dt_bias, lower_bound, GATE_ACT)
+                                         A_log, dt_bias, lower_bound, GATE_ACT, BETA_ACT)
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 dU += tl.dot(kt, dh.to(DT), input_precision=DOT_PRECISION)
         else:
@@ -279,7 +289,7 @@ def _delta_chunk_bwd_dh_kernel(
             for kb in tl.static_range(NKB):
                 qds = qds + (swap_state_block(dh_buf, chunk_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V),)
                 kt, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, kb * BK, o_t, o_k, H, HV, K, BT, DECAY,
-                                           ERASE, A_log, dt_bias, lower_bound, GATE_ACT)
+                                           ERASE, A_log, dt_bias, lower_bound, GATE_ACT, BETA_ACT)
                 egs, dcs = egs + (eg,), dcs + (dc,)
                 dU += tl.dot(kt, dh_blocks[kb].to(DT), input_precision=DOT_PRECISION)
         # A^T is read through transposed pointers (A_T[i, j] = A[token j, column i]), not formed with
@@ -310,15 +320,19 @@ def _delta_chunk_bwd_dh_kernel(
         if WRITE == GATE_CHANNEL:
             w_t = load_rows(w, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V)
         else:
-            w_t = load_vec(w + i_hv, t0, L, HV, o_t)[:, None]
+            w_t = activated_beta(load_vec(w + i_hv, t0, L, HV, o_t), BETA_ACT)[:, None]
         tl.store(dR_buf + val_offs, dR, mask=val_mask)
         tl.store(dv + val_offs, (dR * w_t).to(dv.dtype.element_ty), mask=val_mask)
         if WRITE == GATE_CHANNEL:
             tl.store(dw + val_offs, (dR * v_t).to(dw.dtype.element_ty), mask=val_mask)
         else:
             # a partial sum per V block, reduced by the launcher (no atomics)
+            # (with BETA_ACT of the raw input's: the partials are linear in dR)
             dw_offs = i_v.to(tl.int64) * NTOK * HV + (t0 + o_t.to(tl.int64)) * HV + i_hv
-            tl.store(dw + dw_offs, tl.sum(dR * v_t, 1), mask=o_t < L)
+            dw_t = tl.sum(dR * v_t, 1)
+            if BETA_ACT != BETA_NONE:
+                dw_t = dw_t * beta_grad_factor(load_vec(w + i_hv, t0, L, HV, o_t), BETA_ACT)
+            tl.store(dw + dw_offs, dw_t, mask=o_t < L)
 
         # dS0 = Diag(gamma_C) dH + Qg^T dO - Eb^T dR, block by block
         dR_c = dR.to(DT)
@@ -328,7 +342,7 @@ def _delta_chunk_bwd_dh_kernel(
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 qd = swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V)
                 _, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE,
-                                          A_log, dt_bias, lower_bound, GATE_ACT)
+                                          A_log, dt_bias, lower_bound, GATE_ACT, BETA_ACT)
                 dh = dh * dc + qd - tl.dot(tl.trans(eg), dR_c, input_precision=DOT_PRECISION)
                 # every thread has read the block before any overwrites it (the store's layout may give
                 # an element to another thread)
@@ -377,6 +391,7 @@ def delta_chunk_bwd(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     dv_new: torch.Tensor | None = None,
     gate: GateInput | None = None,
+    beta_act: int = BetaAct.NONE,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the chunked delta-rule family (module docstring) with respect to every input.
 
@@ -396,6 +411,8 @@ def delta_chunk_bwd(
             (``output_v_new``); it is added to ``dU`` before ``dR = A^T dU``, which carries it to every input.
         gate: with a ``GateInput``, ``g`` is the raw gate input, activated where the kernels load it (fla's
             ``use_gate_in_kernel``); ``dg`` is then its gradient, and two more results follow.
+        beta_act: a ``BetaAct``: the scalar ``b`` and ``w`` are raw, activated where the kernels load them (fla's
+            ``use_beta_sigmoid_in_kernel``); ``db`` and ``dw`` are then the raw inputs' gradients.
 
     Returns:
         (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs (dinitial_state is
@@ -423,6 +440,9 @@ def delta_chunk_bwd(
     decay = DecayKind.NONE if g is None else DecayKind.SCALAR + _gate_kind("g", g, lead, K, "K")
     erase = GateKind.SCALAR if b is None else _gate_kind("b", b, lead, K, "K")
     write = GateKind.SCALAR if w is None else _gate_kind("w", w, lead, V, "V")
+    check_beta_act(beta_act, {"ERASE": erase, "WRITE": write})
+    if beta_act != BetaAct.NONE and (b is None or w is None):
+        raise ValueError("beta_act needs the raw b and w (None stands for a gate of 1, not for a raw input)")
     BT = chunk_size
     index = chunk_indices(cu_seqlens, B, T, BT)
     n_chunks, nt = index.total, index.per_sequence
@@ -450,7 +470,7 @@ def delta_chunk_bwd(
         raise ValueError("g (the raw gate input) is required with a gate activation")
     gate_kw = gate_kernel_args(gate, HV, K if decay == DecayKind.CHANNEL else 1, q)  # pointers, lower_bound
     flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
-                 DOT_PRECISION=DOT_PRECISION, GATE_ACT=gate_kw.pop("GATE_ACT"))
+                 DOT_PRECISION=DOT_PRECISION, GATE_ACT=gate_kw.pop("GATE_ACT"), BETA_ACT=beta_act)
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
     cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 

@@ -21,10 +21,13 @@ from lamina.kernels.delta_chunk_bwd_parts import (
 from lamina.kernels.delta_chunk_bwd_tiles import DQK_GRAM_BLOCK_V
 from lamina.kernels.delta_chunk_common import (
     ACT_NONE,
+    BETA_NONE,
     DECAY_CHANNEL,
     DECAY_NONE,
     DECAY_SCALAR,
     GATE_CHANNEL,
+    activated_beta,
+    beta_grad_factor,
     chunk_rows,
     gate_decay_grads,
     gate_params,
@@ -46,6 +49,7 @@ def _delta_chunk_bwd_dqk_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr, GATE_ACT: tl.constexpr,
+    BETA_ACT: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
@@ -119,7 +123,7 @@ def _delta_chunk_bwd_dqk_kernel(
         if ERASE == GATE_CHANNEL:
             b_t = load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
         else:
-            b_t = load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+            b_t = activated_beta(load_vec(b + i_hv, t0, L, HV, o_t), BETA_ACT)[:, None]
         val_head = i_hv * V
         if DECAY == DECAY_CHANNEL or BY_COLUMN:
             # the two [BT, BT] grams before the chunk's q and k tiles are loaded: with the tiles loaded
@@ -172,8 +176,12 @@ def _delta_chunk_bwd_dqk_kernel(
             b_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
             tl.store(db + b_offs, (de_h * k_t).to(db.dtype.element_ty), mask=tile_mask)
         else:
+            # (with BETA_ACT of the raw input's, its value loaded again rather than kept live)
             part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
-            tl.store(db + part, tl.sum(de_h * k_t, 1), mask=row_mask)
+            db_t = tl.sum(de_h * k_t, 1)
+            if BETA_ACT != BETA_NONE:
+                db_t = db_t * beta_grad_factor(load_vec(b + i_hv, t0, L, HV, o_t), BETA_ACT)
+            tl.store(db + part, db_t, mask=row_mask)
         if DECAY != DECAY_NONE:
             # dk_h is dk without the erase term b*dE: the gradient through the gates' exponents.
             # Rows past L repeat G[BT - 1], so adding ``last`` on row BT - 1 reaches every valid row

@@ -25,6 +25,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
     GATE_CHANNEL,
+    activated_beta,
     load_gate,
     load_rows,
     load_tile,
@@ -117,7 +118,7 @@ def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, dQ, dE, dK, BT: tl.const
 @triton.jit
 def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, A_log, dt_bias,
-                  lower_bound, GATE_ACT: tl.constexpr):
+                  lower_bound, GATE_ACT: tl.constexpr, BETA_ACT: tl.constexpr):
     """For key columns ``k0 + o_k`` of one chunk: ``Kt`` and ``Eb`` in the dot dtype, and the chunk's
     total decay of those rows of the state (``[BK, 1]``, a scalar, or 1)."""
     DT = k.dtype.element_ty
@@ -125,7 +126,7 @@ def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: 
     if ERASE == GATE_CHANNEL:
         e_t = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
     else:
-        e_t = k_t * load_vec(b + i_hv, t0, L, HV, o_t)[:, None]
+        e_t = k_t * activated_beta(load_vec(b + i_hv, t0, L, HV, o_t), BETA_ACT)[:, None]
     if DECAY == DECAY_CHANNEL:
         G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
         g_last = row_of(G, o_t, BT - 1)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V  # noqa: F401 - the family's limits
+from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V, BetaAct  # noqa: F401 - the family's limits
 from lamina.kernels._utils import cdiv, next_power_of_2
 
 # Diagonal sub-block length inside a chunk. tl.dot needs every dim >= 16, and per-channel
@@ -79,6 +79,9 @@ class GateAct:
 ACT_NONE = tl.constexpr(GateAct.NONE)
 ACT_SOFTPLUS = tl.constexpr(GateAct.SOFTPLUS)
 ACT_BOUNDED = tl.constexpr(GateAct.BOUNDED)
+# What the kernels make of a scalar beta (the ``BETA_ACT`` flag), readable inside @triton.jit code.
+BETA_NONE = tl.constexpr(BetaAct.NONE)
+BETA_SIGMOID2 = tl.constexpr(BetaAct.SIGMOID2)
 
 
 class GateInput(NamedTuple):
@@ -119,6 +122,16 @@ VARIANT_FLAGS = {
     "kda": (DecayKind.CHANNEL, GateKind.SCALAR, GateKind.SCALAR),
     "gdn2": (DecayKind.CHANNEL, GateKind.CHANNEL, GateKind.CHANNEL),
 }
+
+
+def check_beta_act(beta_act: int, flags: dict[str, int]) -> None:
+    """``beta_act`` is a ``BetaAct``, and an activation applies to a scalar beta only (``b`` and ``w`` ``[B, T, HV]``:
+    DeltaNet, Gated DeltaNet and KDA pass their beta as both)."""
+    if beta_act not in (BetaAct.NONE, BetaAct.SIGMOID, BetaAct.SIGMOID2):
+        raise ValueError(f"beta_act must be one of BetaAct.NONE, SIGMOID, SIGMOID2 (0, 1, 2), got {beta_act!r}")
+    if beta_act != BetaAct.NONE and GateKind.CHANNEL in (flags["ERASE"], flags["WRITE"]):
+        raise ValueError("beta_act applies to a scalar beta [B, T, HV]; b and w must then be [B, T, HV], "
+                         "not per channel")
 
 
 def aligned_attrs(fn, signature: dict[str, str]) -> dict:
@@ -311,6 +324,27 @@ def activated_gate(x, A_log, dt_bias, lower_bound, i_hv, bias_offs, bias_mask, v
         return x
     a, bias = gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask)
     return tl.where(valid, gate_decay(x, a, bias, lower_bound, ACT), 0.0)
+
+
+@triton.jit
+def activated_beta(x, BETA_ACT: tl.constexpr):
+    """beta from its loaded value ``x`` (fp32): ``x`` itself, ``sigmoid(x)`` or ``2 * sigmoid(x)``."""
+    if BETA_ACT == BETA_NONE:
+        return x
+    if BETA_ACT == BETA_SIGMOID2:
+        return 2.0 * tl.sigmoid(x)
+    return tl.sigmoid(x)
+
+
+@triton.jit
+def beta_grad_factor(x, BETA_ACT: tl.constexpr):
+    """``d beta / d x`` at the loaded value ``x`` (fp32) for a sigmoid ``BETA_ACT``: what takes a gradient of
+    beta to one of its input."""
+    s = tl.sigmoid(x)
+    d = s * (1.0 - s)
+    if BETA_ACT == BETA_SIGMOID2:
+        d = 2.0 * d
+    return d
 
 
 # Tiles of one chunk, ``[BT, BC]`` of a ``[tokens, heads, C]`` tensor masked to the chunk (plain pointers: no

@@ -55,6 +55,7 @@ from lamina.kernels.delta_chunk_common import (
     MIN_BLOCK,
     STATE_BLOCK_K,
     SUB_BLOCK_C,
+    BetaAct,
     DecayKind,
     GateInput,
     _col_ptrs,
@@ -64,6 +65,8 @@ from lamina.kernels.delta_chunk_common import (
     _state_ptrs,
     _store_state,
     _vec_ptrs,
+    activated_beta,
+    check_beta_act,
     chunk_bounds,
     chunk_indices,
     chunk_rows,
@@ -323,7 +326,7 @@ def _delta_chunk_prep_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, GATE_ACT: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr, STORE_A: tl.constexpr,
-    L2NORM: tl.constexpr,
+    L2NORM: tl.constexpr, BETA_ACT: tl.constexpr,
 ):
     SUB: tl.constexpr = SUB_BLOCK_C
     NB: tl.constexpr = BT // SUB
@@ -355,7 +358,8 @@ def _delta_chunk_prep_fwd_kernel(
         tl.debug_barrier()
     b_beta = 1.0  # per-channel erase gates are loaded with their key block
     if ERASE == GATE_SCALAR:
-        b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+        b_beta = activated_beta(tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32),
+                                BETA_ACT)
 
     # -- L = strict_tril(E K^T decayed), Aqk = scale * tril(Q K^T decayed) ----------------------
     if L2NORM:
@@ -439,7 +443,8 @@ def _delta_chunk_prep_fwd_kernel(
         # Triton 3.6: kept, fp32 K = 128 to 512 and bf16/fp16 K = 512 spilled 1 STL; reloaded, 0.
         # With a dense decay the reload spilled instead (Gated DeltaNet, sm_80 3.6 bf16 K = 256, sm_90 3.9
         # fp32 solve_block=16), so those keep it.
-        b_beta = tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+        b_beta = activated_beta(tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32),
+                                BETA_ACT)
     if DT == tl.float32:
         for kb in range(NK):
             _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, b_rk, kb, tok0, o_t, m_t, i_h, i_hv,
@@ -450,7 +455,8 @@ def _delta_chunk_prep_fwd_kernel(
                                 H, HV, K, BK, ERASE, DECAY, DOT_PRECISION, L2NORM)
     b_wbeta = 1.0  # a per-column write gate is loaded with its value block
     if WRITE == GATE_SCALAR:
-        b_wbeta = tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32)
+        b_wbeta = activated_beta(tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32),
+                                 BETA_ACT)
     for vb in range(0, tl.cdiv(V, BV)):
         _store_solved_block(u, v, w, gcum, b_Ad, b_wbeta, b_gs, 1.0, vb, tok0, o_t, m_t, i_hv, i_hv,
                             HV, HV, V, BV, WRITE, DECAY_NONE, DOT_PRECISION, False)
@@ -677,7 +683,7 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
 # alone both matched float64, forward and backward (benchmarks/results/2026-12-04-nvidia-h200/README.md).
 _prep_fwd = autotune(_warps_stages((8,), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
-                          "SOLVE_BLOCK", "STORE_A", "L2NORM"])(
+                          "SOLVE_BLOCK", "STORE_A", "L2NORM", "BETA_ACT"])(
     _delta_chunk_prep_fwd_kernel)
 def _restore_state_hooks() -> tuple:
     """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
@@ -734,10 +740,12 @@ def delta_chunk_fwd(
     output_v_new: bool = False,
     gate: GateInput | None = None,
     l2norm_qk: bool = False,
+    beta_act: int = BetaAct.NONE,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Chunked forward of the delta-rule family on already transformed inputs.
 
-    Inputs (beta sigmoid already applied by the caller; with ``l2norm_qk`` the kernels l2-normalise the rows of
+    Inputs (with ``beta_act`` a ``BetaAct`` the preparation kernel applies to a scalar ``b`` and ``w`` where it
+    loads them, fla's ``use_beta_sigmoid_in_kernel``; with ``l2norm_qk`` the kernels l2-normalise the rows of
     q and k, fla's ``use_qk_l2norm_in_kernel``, without a pass of their own: the preparation kernel takes the
     rows' inverse norms first and every kernel scales the rows of q and k it loads by them. The ops ask for it
     where ``delta_chunk_common.l2norm_in_kernels``: compiled for sm_80 these kernels spill):
@@ -766,6 +774,7 @@ def delta_chunk_fwd(
     index = chunk_indices(cu_seqlens, B, T, BT)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     flags = _flags(g, b, w)
+    check_beta_act(beta_act, flags)
     fp32 = q.dtype == torch.float32
     common = {"H": H, "HV": HV, "K": K, "V": V, "BT": BT, "IS_VARLEN": cu_seqlens is not None,
               "DOT_PRECISION": DOT_PRECISION}
@@ -781,7 +790,7 @@ def delta_chunk_fwd(
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, rq, rk, cu_seqlens, index.indices,
-            scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None, L2NORM=l2norm_qk,
+            scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None, L2NORM=l2norm_qk, BETA_ACT=beta_act,
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,

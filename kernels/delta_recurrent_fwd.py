@@ -24,6 +24,7 @@ from lamina.kernels.delta_chunk_common import (
     STATE_TILE_ELEMS,
     VARIANT_FLAGS,
     DecayKind,
+    activated_beta,
     aligned_attrs,
     seq_bounds,
 )
@@ -62,15 +63,6 @@ def _gate(x, A_log, dt_bias, i_hv, o_k, m_k, lower_bound, K: tl.constexpr, DECAY
 def _lanes(flag, BV: tl.constexpr):
     """A scalar condition as a ``[BV]`` mask (the interpreter does not broadcast scalar masks)."""
     return (tl.zeros([BV], dtype=tl.int32) + flag.to(tl.int32)) > 0
-
-
-@triton.jit
-def _beta(x, BETA_ACT: tl.constexpr):
-    if BETA_ACT == 0:
-        return x
-    if BETA_ACT == 1:
-        return tl.sigmoid(x)
-    return 2.0 * tl.sigmoid(x)
 
 
 @triton.jit
@@ -150,15 +142,15 @@ def _delta_recurrent_fwd_kernel(
                 b_g = _gate(b_g, A_log, dt_bias, i_hv, o_k, m_k, lower_bound, K, DECAY, GATE_ACT, HAS_A, HAS_DT)
             b_s = b_s * tl.exp(b_g)[:, None]
         if ERASE == GATE_SCALAR:
-            b_e = b_k * _beta(tl.load(b + tok * HV + i_hv).to(tl.float32), BETA_ACT)
+            b_e = b_k * activated_beta(tl.load(b + tok * HV + i_hv).to(tl.float32), BETA_ACT)
         else:
-            b_e = b_k * _beta(tl.load(b + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32),
-                              BETA_ACT)
+            b_e = b_k * activated_beta(
+                tl.load(b + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32), BETA_ACT)
         if WRITE == GATE_SCALAR:
-            b_z = b_v * _beta(tl.load(w + tok * HV + i_hv).to(tl.float32), BETA_ACT)
+            b_z = b_v * activated_beta(tl.load(w + tok * HV + i_hv).to(tl.float32), BETA_ACT)
         else:
-            b_z = b_v * _beta(tl.load(w + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32),
-                              BETA_ACT)
+            b_z = b_v * activated_beta(
+                tl.load(w + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32), BETA_ACT)
         b_r = tl.sum(b_s * b_e[:, None], 0)
         b_s += b_k[:, None] * (b_z - b_r)[None, :]
         b_o = tl.sum(b_s * b_q[:, None], 0)

@@ -7,8 +7,8 @@ Two grids of (K = V, activation dtype):
 
 * ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
-  ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``) at K = 128, as
-  non-default rows on ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in
+  ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``; with the beta sigmoid,
+  ``BETA_ROW``, where the variant's beta is a scalar) at K = 128, as non-default rows on ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in
   (``L2NORM_ROW``) at K = 128, non-default rows with the default blocks of the targets that fuse it
   (``L2NORM_ARCHS``; the layers run them).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
@@ -32,6 +32,7 @@ from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_common import (
     DOT_PRECISION,
     VARIANT_FLAGS,
+    BetaAct,
     DecayKind,
     GateAct,
     GateKind,
@@ -58,6 +59,9 @@ FULL_GRID = tuple((K, dtype) for K in (64, 128, 256, 512) for dtype in ("bf16", 
 # The label of the rows with the gate activation fused in (fla's use_gate_in_kernel, softplus form), non-default
 # rows on ALTERNATIVE_ARCHS next to the alternatives: the kernels that load the gate, with their default blocks.
 GATE_ROW = "use_gate_in_kernel"
+# The label the rows with the gate activation fused in add where the variant has a scalar beta (Gated DeltaNet,
+# KDA): its sigmoid fused in too (fla's use_beta_sigmoid_in_kernel, BETA_ACT), as the layers run the two.
+BETA_ROW = "use_beta_sigmoid_in_kernel"
 # The label of the forward's rows with the l2norm of q and k fused in (fla's use_qk_l2norm_in_kernel): the
 # preparation kernel and the state pass with the default blocks of each target that fuses it (L2NORM_ARCHS:
 # delta_chunk_common.l2norm_in_kernels; the preparation with the gate activation fused in too, as the layers run
@@ -70,6 +74,17 @@ ALTERNATIVE_K = 128
 TARGETS = {90: True, 80: False}
 # The targets whose ops fuse the l2norm of q and k into the forward (those with warpgroup products).
 L2NORM_ARCHS = tuple(arch for arch, warpgroup_mma in TARGETS.items() if warpgroup_mma)
+
+
+def _fused_options(decay: int, erase: int) -> tuple[str, dict]:
+    """(label suffix, constexprs) of a variant's in-kernel options as its rows with them compile them: the gate
+    activation where it has a decay, with the beta sigmoid where its beta is a scalar too; ("", {}) without a
+    decay."""
+    if decay == DecayKind.NONE:
+        return "", {}
+    if erase == GateKind.SCALAR:
+        return f" {GATE_ROW} {BETA_ROW}", {"GATE_ACT": GateAct.SOFTPLUS, "BETA_ACT": BetaAct.SIGMOID}
+    return f" {GATE_ROW}", {"GATE_ACT": GateAct.SOFTPLUS}
 
 
 def _shapes(direction: str) -> list[tuple[int, str, bool]]:
@@ -135,7 +150,7 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
 
         # STORE_A: the training form, which keeps the inverse for the backward
         prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK, "GATE_ACT": GateAct.NONE,
-                  "STORE_A": True, "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}),
+                  "BETA_ACT": BetaAct.NONE, "STORE_A": True, "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}),
                   **no_gate}
         l2_sig, l2_c = _prep_signature(io, g_ty, prep_c, True)
         prep_sig, norm_c = _prep_signature(io, g_ty, prep_c, False)
@@ -157,23 +172,24 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         BVP = prep_value_block(V, fp32, alt_mma)
         alt_rows = [(tuning.label(), {"SOLVE_BLOCK": tuning.solve_block})
                     for tuning in ALTERNATIVES if alternatives and tuning.solve_block != SOLVE_BLOCK]
-        if alternatives and decay != DecayKind.NONE:  # the gate activation fused in (use_gate_in_kernel)
-            alt_rows.append((GATE_ROW, {"GATE_ACT": GateAct.SOFTPLUS}))
+        fused_suffix, fused_c = _fused_options(decay, erase)
+        if alternatives and fused_c:  # the gate activation (and beta sigmoid) fused in
+            alt_rows.append((fused_suffix.lstrip(), fused_c))
         for suffix, choice in alt_rows:
             register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {suffix}", _delta_chunk_prep_fwd_kernel,
                                  prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, **choice},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
-        # the l2norm of q and k fused in (with the gate activation where there is a decay), on every target
-        suffix = f" {L2NORM_ROW}" + (f" {GATE_ROW}" if decay != DecayKind.NONE else "")
-        gate_c = {"GATE_ACT": GateAct.SOFTPLUS} if decay != DecayKind.NONE else {}
+        # the l2norm of q and k fused in (with the gate activation and beta sigmoid where there are), on every
+        # target that fuses it
+        suffix = f" {L2NORM_ROW}{fused_suffix}"
         for (bk, nk, bv), archs in prep_archs.items() if alternatives else ():
             archs = [a for a in archs if a in L2NORM_ARCHS]
             if not archs:
                 continue
             register_aot(AotSpec("delta_chunk_prep_fwd",
                                  label + (f" BK={bk} BV={bv}" if len(prep_archs) > 1 else "") + suffix,
-                                 _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **gate_c},
+                                 _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **fused_c},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig), "archs": archs}))
 
@@ -273,10 +289,11 @@ def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
             for tuning in (t for t in ALTERNATIVES if alternatives and not t.changes_forward):
                 rows.append((_alternative_blocks(fn, K, V, decay, tuning, per_arch, fp32), f" {tuning.label()}", False,
                              True))
-            if alternatives and decay != DecayKind.NONE:
-                gated = {(*blocks, ("GATE_ACT", GateAct.SOFTPLUS)): [a for a in archs if a in ALTERNATIVE_ARCHS]
+            fused_suffix, fused_c = _fused_options(decay, erase)
+            if alternatives and fused_c:  # the gate activation (and beta sigmoid) fused in
+                gated = {(*blocks, *fused_c.items()): [a for a in archs if a in ALTERNATIVE_ARCHS]
                          for blocks, archs in per_arch.items()}
-                rows.append(({blocks: archs for blocks, archs in gated.items() if archs}, f" {GATE_ROW}", False, True))
+                rows.append(({blocks: archs for blocks, archs in gated.items() if archs}, fused_suffix, False, True))
             for blocks_archs, suffix, default, always_archs in rows:
                 _register_bwd_blocks(fn, variant, K, V, dtype, decay, erase, write, blocks_archs, suffix, default,
                                      always_archs)
@@ -300,7 +317,8 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
     signature = _bwd_signature(fn, dtype, decay, erase, write)
     for blocks, archs in per_arch.items():
         constexprs = {**dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
-                             IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, GATE_ACT=GateAct.NONE),
+                             IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, GATE_ACT=GateAct.NONE,
+                             BETA_ACT=BetaAct.NONE),
                       **dict(blocks), **{name: None for name in _DENSE_NONE if name in jit.arg_names}}
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
         label += " by_column" if dict(blocks).get("BY_COLUMN") else ""

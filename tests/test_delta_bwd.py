@@ -294,8 +294,8 @@ def test_bwd_report_matches_launch():
     import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.kernels.delta_report  # noqa: F401 - registers the family's rows
     from lamina.kernels._utils import registered_aot
-    from lamina.kernels.delta_chunk_common import GateAct
-    from lamina.kernels.delta_report import GATE_ROW
+    from lamina.kernels.delta_chunk_common import BetaAct, GateAct, GateKind
+    from lamina.kernels.delta_report import BETA_ROW, GATE_ROW
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES
 
     specs = [s for s in registered_aot() if s.name.startswith("_delta_chunk_bwd_")]
@@ -309,8 +309,12 @@ def test_bwd_report_matches_launch():
         assert spec.meta.get("attrs"), f"{spec.config}: compiled without the JIT's pointer alignment"
         c = spec.constexprs
         tuning = None
-        gated = spec.config.endswith(" " + GATE_ROW)  # the gate activation fused in, default blocks
+        # the gate activation fused in (with the beta sigmoid where beta is a scalar), default blocks
+        gated = spec.config.endswith((" " + GATE_ROW, f" {GATE_ROW} {BETA_ROW}"))
         assert c["GATE_ACT"] == (GateAct.SOFTPLUS if gated else GateAct.NONE), spec.config
+        sigmoid = gated and c["ERASE"] == GateKind.SCALAR
+        assert spec.config.endswith(BETA_ROW) == sigmoid, spec.config
+        assert c["BETA_ACT"] == (BetaAct.SIGMOID if sigmoid else BetaAct.NONE), spec.config
         if gated:
             assert not spec.default and set(spec.meta["archs"]) <= set(ALTERNATIVE_ARCHS), spec.config
         elif not spec.default:
@@ -330,5 +334,25 @@ def test_bwd_report_matches_launch():
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
     assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"
-    gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.config.endswith(GATE_ROW)}
+    gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs["GATE_ACT"]}
     assert len(gated) == 3 * 3, "every kernel of the three decayed variants has a fused-gate row"
+
+
+def test_beta_act_takes_a_scalar_beta():
+    """The kernels' beta activation (fla's use_beta_sigmoid_in_kernel) applies to a scalar beta: a per-channel b or
+    w, an unknown activation, or a beta left out (None, a gate of 1) is refused before any launch, forward and
+    backward."""
+    from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
+    from lamina.kernels.delta_chunk_common import BetaAct
+    from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
+
+    q, k, v, g, b, w = make_inputs(1, 16, 1, 1, 16, 16, 2, 1, 1)[:6]
+    with pytest.raises(ValueError, match=r"beta_act applies to a scalar beta \[B, T, HV\]"):
+        delta_chunk_fwd(q, k, v, g, b, w, 0.25, None, False, None, beta_act=BetaAct.SIGMOID)
+    q, k, v, g, b, w = make_inputs(1, 16, 1, 1, 16, 16, 1, 0, 0)[:6]
+    with pytest.raises(ValueError, match="beta_act must be one of"):
+        delta_chunk_fwd(q, k, v, g, b, w, 0.25, None, False, None, beta_act=3)
+    h = torch.zeros(1, 1, 16, 16)
+    A = torch.zeros(1, 16, 1, 64)
+    with pytest.raises(ValueError, match="beta_act needs the raw b and w"):
+        delta_chunk_bwd(q, k, v, g, None, w, 0.25, None, h, A, v, None, None, beta_act=BetaAct.SIGMOID2)

@@ -357,8 +357,8 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     import lamina.kernels._utils as utils
     import lamina.kernels.delta_chunk_fwd as fwd
     import lamina.kernels.delta_report as report
-    from lamina.kernels.delta_chunk_common import GateAct, GateInput
-    from lamina.kernels.delta_report import GATE_ROW, L2NORM_ARCHS, L2NORM_ROW, TARGETS, _register_fwd
+    from lamina.kernels.delta_chunk_common import BetaAct, GateAct, GateInput
+    from lamina.kernels.delta_report import BETA_ROW, GATE_ROW, L2NORM_ARCHS, L2NORM_ROW, TARGETS, _register_fwd
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning, delta_tuning
 
     K, name = 64, {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
@@ -398,9 +398,11 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                     assert got == want, f"{row.name} {row.config} sm_{arch} under {tuning.label()}"
                     checked += 1
     assert checked == expected, (checked, expected)
-    # the gate activation fused in (use_gate_in_kernel): the preparation's row of that name, on the targets the
-    # alternatives are registered for
-    gate_spy = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BV", "GATE_ACT")
+    # the gate activation fused in (use_gate_in_kernel; with the beta sigmoid, use_beta_sigmoid_in_kernel, where
+    # beta is a scalar): the preparation's row of that name, on the targets the alternatives are registered for
+    fused = ("BK", "NK", "BV", "GATE_ACT", "BETA_ACT")
+    gate_spy = spy_launches(monkeypatch, "_prep_fwd", *fused)
+    sigmoid = {"gdn": True, "kda": True, "gdn2": False}
     for arch in ALTERNATIVE_ARCHS:
         monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=TARGETS[arch]: wg)
         for variant in ("gdn", "kda", "gdn2"):
@@ -408,15 +410,18 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
             n_bias = 2 * K if inputs[3].dim() == 4 else 2
             gate_spy.clear()
             fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7],
-                                gate=GateInput(torch.zeros(2), torch.zeros(n_bias), None))
+                                gate=GateInput(torch.zeros(2), torch.zeros(n_bias), None),
+                                beta_act=BetaAct.SIGMOID if sigmoid[variant] else BetaAct.NONE)
+            end = f"{GATE_ROW} {BETA_ROW}" if sigmoid[variant] else GATE_ROW
             (row,) = [r for r in rows if r.name == "delta_chunk_prep_fwd"
-                      and r.config == f"{variant} {name} K={K} V={K} {GATE_ROW}"]
-            assert gate_spy == [tuple(row.constexprs[n] for n in ("BK", "NK", "BV", "GATE_ACT"))], (variant, arch)
+                      and r.config == f"{variant} {name} K={K} V={K} {end}"]
+            assert gate_spy == [tuple(row.constexprs[n] for n in fused)], (variant, arch)
             assert row.constexprs["GATE_ACT"] == GateAct.SOFTPLUS and row.meta["archs"] == list(ALTERNATIVE_ARCHS)
+            assert row.constexprs["BETA_ACT"] == (BetaAct.SIGMOID if sigmoid[variant] else BetaAct.NONE)
     # the l2norm of q and k fused in (use_qk_l2norm_in_kernel; the preparation with the gate activation too where
     # there is a decay, as the layers run it): each kernel's row of that name on every target that fuses it, and
     # with the output kernel on the alternatives' targets
-    names = ("BK", "NK", "BV", "GATE_ACT", "L2NORM", "STATE_IN_MEMORY", "STORE_O")
+    names = ("BK", "NK", "BV", "GATE_ACT", "BETA_ACT", "L2NORM", "STATE_IN_MEMORY", "STORE_O")
     spies = {kernel: spy_launches(monkeypatch, kernel, *names) for kernel in kernels}
     for arch in L2NORM_ARCHS:
         monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=TARGETS[arch]: wg)
@@ -425,16 +430,19 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                 continue
             inputs = make_inputs(variant, 1, 20, 2, 2, K, K, dtype, h0=True)
             gate = None if inputs[3] is None else GateInput(torch.zeros(2), None, None)
+            beta_act = BetaAct.SIGMOID if sigmoid.get(variant) else BetaAct.NONE
             for launched in spies.values():
                 launched.clear()
             with delta_tuning(output_kernel=output_kernel):
-                fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7], gate=gate, l2norm_qk=True)
+                fwd.delta_chunk_fwd(*inputs[:6], K ** -0.5, inputs[6], True, inputs[7], gate=gate, l2norm_qk=True,
+                                    beta_act=beta_act)
             for kernel, launched in spies.items():
                 if kernel == "_out_fwd" and not output_kernel:
                     assert not launched
                     continue
                 suffix = " output_kernel=True" if output_kernel and kernel != "_prep_fwd" else ""
-                end = f"{suffix} {L2NORM_ROW}" + (f" {GATE_ROW}" if gate and kernel == "_prep_fwd" else "")
+                end = f"{suffix} {L2NORM_ROW}" + (f" {GATE_ROW}" if gate and kernel == "_prep_fwd" else "") + (
+                    f" {BETA_ROW}" if beta_act and kernel == "_prep_fwd" else "")
                 (row,) = [r for r in rows if r.name == kernels[kernel] and r.config.startswith(f"{variant} {name} ")
                           and r.config.endswith(end) and ("output_kernel=True" in r.config) == bool(suffix)
                           and arch in r.meta.get("archs", TARGETS)]

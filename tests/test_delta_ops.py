@@ -264,6 +264,72 @@ def test_gate_activation_fused_into_the_kernels(monkeypatch, variant, channel, w
         assert_close(f"d{name}", a.grad, e.grad)
 
 
+# (op, allow_neg_eigval, with use_gate_in_kernel, activation dtype) of fla's use_beta_sigmoid_in_kernel
+FUSED_BETAS = [
+    ("gdn", False, False, torch.float32),
+    ("kda", True, True, torch.float32),
+    ("gdn", True, True, torch.bfloat16),
+    ("kda_recurrent", False, False, torch.float32),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant, neg_eigval, with_gate, dtype", FUSED_BETAS, ids=lambda x: str(x))
+def test_beta_sigmoid_fused_into_the_kernels(monkeypatch, variant, neg_eigval, with_gate, dtype):
+    """use_beta_sigmoid_in_kernel (``2 * sigmoid`` with allow_neg_eigval) with autograd on the Triton path: the
+    chunked kernels read the raw beta and activate it themselves, forward and backward (the PyTorch
+    beta_activation never runs; the token-by-token forward takes it activated), and give the float64 torch path's
+    output, state and the gradients of every input, the raw beta's included (raw values of both signs out to
+    |6|, in the sigmoid's tails; two chunks of 16 and a partial third, GVA; bf16 on the same rounded inputs;
+    with the l2norm of q and k fused in too)."""
+    import lamina.ops.delta_rule as ops
+    import lamina.ops.delta_rule_core as core
+
+    t = 40
+    q, k, v = rand(B, t, H, K, seed=70), rand(B, t, H, K, seed=71), rand(B, t, HV, V, seed=72)
+    g = rand(B, t, HV, *((K,) if variant.startswith("kda") else ()), seed=73)
+    g = g * 2 if with_gate else -g.abs() / 4
+    beta = rand(B, t, HV, seed=74) * 3
+    A_log, dt_bias = rand(HV, seed=75), rand(HV * K if variant.startswith("kda") else HV, seed=76)
+    h0, do, ds = rand(B, HV, K, V, seed=77), rand(B, t, HV, V, seed=78), rand(B, HV, K, V, seed=79)
+    op = {"gdn": lamina.chunk_gated_delta_rule, "kda": lamina.chunk_kda,
+          "kda_recurrent": lambda *x, chunk_size, **kw: lamina.fused_recurrent_kda(*x, **kw)}[variant]
+    gate = dict(use_gate_in_kernel=True) if with_gate else {}
+    results, activations = [], []
+    for backend in ("triton", "torch"):
+        # q, k, v in the activations' dtype (rounded the same for both), the gates, the state and the parameters fp32
+        wide = torch.float64 if backend == "torch" else torch.float32
+        leaves = [(x.to(dtype) if x.dim() == 4 and x is not g and x is not h0 else x).to(wide).detach().clone()
+                  for x in (q, k, v, g, beta, h0)]
+        if backend == "triton":
+            leaves[:3] = [x.to(dtype) for x in leaves[:3]]
+        params = [x.to(wide).detach().clone() for x in (A_log, dt_bias)] if with_gate else []
+        for x in (*leaves, *params):
+            x.requires_grad_()
+        if params:
+            gate.update(A_log=params[0], dt_bias=params[1])
+        with monkeypatch.context() as m:
+            if backend == "triton":
+                real = core.beta_activation
+                for module in (ops, core):
+                    m.setattr(module, "beta_activation", lambda *a, f=real: activations.append(variant) or f(*a))
+            # with the l2norm of q and k, as the layers run it (the transitions then stay bounded)
+            o, s = op(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_beta_sigmoid_in_kernel=True,
+                      allow_neg_eigval=neg_eigval, use_qk_l2norm_in_kernel=True, chunk_size=16, backend=backend,
+                      **gate)
+            ((o * do.to(o.dtype)).sum() + (s * ds.to(s.dtype)).sum()).backward()
+        results.append((o, s, leaves + params))
+    # the chunked kernels activate beta themselves; the token-by-token path activates it first
+    assert activations == (["kda_recurrent"] if variant == "kda_recurrent" else [])
+    (o, s, got), (o64, s64, want) = results
+    tol = {} if dtype == torch.float32 else dict(dtype=dtype)
+    assert_close("o", o, o64, **tol)
+    assert_close("final_state", s, s64, **tol)
+    for name, a, e in zip(["q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"], got, want):
+        assert a.grad is not None and e.grad is not None, name
+        assert_close(f"d{name}", a.grad, e.grad, **tol)
+
+
 def test_torch_path_gradcheck_float64():
     """The CPU path (gate, beta and l2norm transforms + chunked reference) in float64, GVA with HV = 2H."""
     gen = torch.Generator().manual_seed(40)
@@ -344,9 +410,12 @@ def test_custom_op_registration_opcheck():
     q, k, v, g, b, w, h0 = family_inputs()
     no_gate = (False, None, None, None)
     gate = (True, torch.randn(g.shape[2]), torch.randn(g.shape[2] * g.shape[3]), None)  # the raw gate, fused in
-    for output_v_new, gate_args, l2norm_qk in ((False, no_gate, False), (True, no_gate, False), (False, gate, False),
-                                              (False, gate, True)):
-        args = (q, k, v, g, b, w, 0.25, h0, True, None, 16, False, True, output_v_new, *gate_args, l2norm_qk)
+    beta = b[..., 0]  # a scalar beta, raw with beta_act
+    for output_v_new, gate_args, l2norm_qk, beta_act in ((False, no_gate, False, 0), (True, no_gate, False, 0),
+                                                         (False, gate, False, 0), (False, gate, True, 2)):
+        erase, write = (beta, beta) if beta_act else (b, w)
+        args = (q, k, v, g, erase, write, 0.25, h0, True, None, 16, False, True, output_v_new, *gate_args, l2norm_qk,
+                beta_act)
         torch.library.opcheck(torch.ops.lamina.delta_rule_fwd.default, args,
                               test_utils=("test_schema", "test_faketensor"))
 

@@ -25,4 +25,19 @@ MAX_V = 512
 # fla's l2norm of q and k (``use_qk_l2norm_in_kernel``): x / sqrt(sum(x^2) + eps) over the key dim.
 L2NORM_EPS = 1e-6
 
-__all__ = ["CHUNK_SIZES", "CPU_CHUNK_SIZE", "DEFAULT_CHUNK_SIZE", "L2NORM_EPS", "MAX_K", "MAX_V"]
+
+class BetaAct:
+    """What the kernels make of a scalar ``beta [B, T, HV]`` (fla's ``use_beta_sigmoid_in_kernel`` and
+    ``allow_neg_eigval``): the chunked kernels' ``BETA_ACT`` flag and the decode step's ``beta_act``."""
+
+    NONE = 0  # beta itself
+    SIGMOID = 1  # sigmoid(beta)
+    SIGMOID2 = 2  # 2 * sigmoid(beta) (allow_neg_eigval: the transition's eigenvalues in [-1, 1])
+
+    @staticmethod
+    def of(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
+        if not use_sigmoid:
+            return BetaAct.NONE
+        return BetaAct.SIGMOID2 if allow_neg_eigval else BetaAct.SIGMOID
+
+__all__ = ["BetaAct", "CHUNK_SIZES", "CPU_CHUNK_SIZE", "DEFAULT_CHUNK_SIZE", "L2NORM_EPS", "MAX_K", "MAX_V"]

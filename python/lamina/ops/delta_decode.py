@@ -44,10 +44,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import L2NORM_EPS
+from lamina._delta_spec import L2NORM_EPS, BetaAct
 
 GATE_NONE, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2
-BETA_NONE, BETA_SIGMOID, BETA_SIGMOID2 = 0, 1, 2
+BETA_NONE, BETA_SIGMOID, BETA_SIGMOID2 = BetaAct.NONE, BetaAct.SIGMOID, BetaAct.SIGMOID2
 
 
 def _per_sequence(x: torch.Tensor, cu_seqlens: torch.Tensor | None, lengths: list[int]) -> torch.Tensor:

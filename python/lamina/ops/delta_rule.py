@@ -40,9 +40,12 @@ their own (fla runs its l2norm kernel over q and k before its chunked ones); the
 normalised rows with ``lamina.l2_norm``'s kernel and takes their gradients back through its backward. On
 other GPUs (``kernels.delta_chunk_common.l2norm_in_kernels``), on the token-by-token path (with gradients),
 with ``cp_context`` and on the torch path ``lamina.l2_norm`` runs on q and k first (PyTorch ops with
-``backend="torch"``), computed in float32. ``use_beta_sigmoid_in_kernel`` (with
-``allow_neg_eigval``) is applied here with PyTorch ops, in float32, before the kernels, on every backend;
-autograd differentiates it. The results are fla's to float32 rounding.
+``backend="torch"``), computed in float32. ``use_beta_sigmoid_in_kernel`` (with ``allow_neg_eigval``) is
+fused into the chunked Triton kernels, forward and backward: they read the raw beta, apply the sigmoid in float32
+where they load it, and the backward's kernels store the raw beta's gradient (fla applies it to beta with PyTorch
+ops before its kernels). On the token-by-token Triton path (with gradients), with ``cp_context`` and on the torch
+path it is applied with PyTorch ops, in float32, first; autograd differentiates it. The results are fla's to
+float32 rounding.
 
 Gradients: the chunked ops differentiate through ``kernels.delta_chunk_bwd`` (Triton) or, with
 ``backend="torch"``, autograd through the vectorised chunked PyTorch path ``lamina.ops.delta_rule_cpu``
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import torch
 
+from lamina._delta_spec import BetaAct
 from lamina._validate import (
     check_gate_dtype,
     check_no_overlap,
@@ -212,9 +216,14 @@ def _run(
         g = gk
     if use_qk_l2norm_in_kernel and cp_context is not None:  # else delta_rule_core normalises them
         q, k = l2norm(q, backend), l2norm(k, backend)
+    beta_act = BetaAct.NONE
     if gate_kind == _SCALAR:
         # beta None is ones, then the in-kernel options apply to it, as in fla
-        b = beta_activation(q.new_ones(lead) if b is None else b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        b = q.new_ones(lead) if b is None else b
+        if cp_context is not None:
+            b = beta_activation(b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        else:  # delta_rule_core activates it (inside the chunked kernels)
+            beta_act = BetaAct.of(use_beta_sigmoid_in_kernel, allow_neg_eigval)
         w = b
     if scale is None:
         scale = K ** -0.5
@@ -229,7 +238,7 @@ def _run(
     else:
         o, ht, v_new = delta_rule_core(op, q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
                                        chunk_size, recurrent, backend, output_v_new=output_v_new, gate=gate,
-                                       l2norm_qk=use_qk_l2norm_in_kernel)
+                                       l2norm_qk=use_qk_l2norm_in_kernel, beta_act=beta_act)
     if state_v_first and ht is not None:
         ht = ht.transpose(-1, -2).contiguous()
     return (o, ht, v_new) if output_v_new else (o, ht)

@@ -28,7 +28,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import CHUNK_SIZES, CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V
+from lamina._delta_spec import CHUNK_SIZES, CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V, BetaAct
 from lamina._dispatch import select_backend
 from lamina._validate import FLOAT_DTYPES, check_cu_seqlens, check_same_device, check_shape, check_tensor
 from lamina.ops.rms_norm_gated import l2_norm
@@ -218,9 +218,9 @@ def _n_sequences(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
            "bool output_final_state, Tensor? cu_seqlens, int chunk_size, bool recurrent, bool save_states, "
            "bool output_v_new, bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound, "
-           "bool l2norm_qk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+           "bool l2norm_qk, int beta_act) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-            save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk):
+            save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk, beta_act):
     """(o, final_state or [0], h or [0], v_new or [0], A or [0]): empty 1-d tensors stand for None (ops return
     tensors). ``h`` and ``A`` (the chunk-start states and each chunk's inverse) are what the backward reads.
 
@@ -230,6 +230,8 @@ def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqle
     inside the chunked kernels (before the token-by-token kernel, which takes the log decay).
     ``l2norm_qk``: q and k are the raw rows, l2-normalised inside the chunked kernels (the token-by-token
     path is given them normalised: ``delta_rule_core``).
+    ``beta_act`` (a ``BetaAct``): ``b`` and ``w`` are the raw scalar beta, activated inside the chunked kernels
+    (the token-by-token path is given it activated).
     """
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
     from lamina.kernels.delta_recurrent_fwd import delta_recurrent_fwd
@@ -244,7 +246,7 @@ def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqle
                                                  cu_seqlens, chunk_size=chunk_size, save_states=save_states,
                                                  output_v_new=output_v_new,
                                                  gate=_gate_input(gate_in_kernel, A_log, dt_bias, lower_bound),
-                                                 l2norm_qk=l2norm_qk)
+                                                 l2norm_qk=l2norm_qk, beta_act=beta_act)
     empty = q.new_zeros(0, dtype=torch.float32)
     return (o, (empty if ht is None else ht), (empty.clone() if h is None else h),
             (empty.clone() if v_new is None else v_new), (empty.clone() if solve is None else solve))
@@ -258,7 +260,7 @@ def _gate_input(gate_in_kernel: bool, A_log, dt_bias, lower_bound):
 
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size, recurrent,
-              save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk):
+              save_states, output_v_new, gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk, beta_act):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = _n_sequences(q, cu_seqlens)
@@ -279,17 +281,19 @@ def _fwd_fake(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seq
     "lamina::delta_rule_bwd", mutates_args=(),
     schema="(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor b, Tensor w, float scale, Tensor? initial_state, "
            "Tensor h, Tensor solve, Tensor do, Tensor? dht, Tensor? cu_seqlens, int chunk_size, Tensor? dv_new, "
-           "bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound, bool l2norm_qk) "
+           "bool gate_in_kernel, Tensor? A_log, Tensor? dt_bias, float? lower_bound, bool l2norm_qk, int beta_act) "
            "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlens, chunk_size, dv_new,
-            gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk):
+            gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk, beta_act):
     """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0], dA_log or [0], ddt_bias or [0]); ``dv_new``:
     gradient of the returned writes; with ``gate_in_kernel`` ``dg`` is the raw gate input's gradient.
 
     ``l2norm_qk``: the forward normalised the raw q and k inside its kernels. The backward's kernels take the
     normalised rows: the L2-norm kernel forms them (one pass over q and k, keeping each row's inverse norm),
     and its backward takes dq and dk back to the raw rows. So training runs the passes fla's l2norm runs, in
-    the backward instead of the forward, and nothing but the raw q and k is kept between the two."""
+    the backward instead of the forward, and nothing but the raw q and k is kept between the two.
+    ``beta_act``: ``b`` and ``w`` are the raw scalar beta; ``db`` and ``dw`` are its gradients (the kernels take
+    the activation's derivative where they store them)."""
     from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
 
@@ -299,10 +303,10 @@ def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlen
         (q, rstd_q), (k, rstd_k) = _l2norm_rows(q), _l2norm_rows(k)
     if _none_if_empty(h) is None:  # token-by-token forward or recompute_states: the states and inverses again
         _, _, h, _, solve = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
-                                            chunk_size=chunk_size, save_states=True, gate=gate)
+                                            chunk_size=chunk_size, save_states=True, gate=gate, beta_act=beta_act)
     dq, dk, dv, dg, db, dw, dh0, *dgate = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, solve,
                                                           do.contiguous(), dht, cu_seqlens, chunk_size, dv_new=dv_new,
-                                                          gate=gate)
+                                                          gate=gate, beta_act=beta_act)
     if l2norm_qk:
         dq, dk = _l2norm_rows_grad(dq, raw_q, rstd_q), _l2norm_rows_grad(dk, raw_k, rstd_k)
     empty = q.new_zeros(0, dtype=torch.float32)
@@ -334,7 +338,7 @@ def _l2norm_rows_grad(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor) -> 
 
 @_bwd_op.register_fake
 def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlens, chunk_size, dv_new,
-              gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk):
+              gate_in_kernel, A_log, dt_bias, lower_bound, l2norm_qk, beta_act):
     empty = q.new_empty(0, dtype=torch.float32)
     like = lambda x, used: torch.empty_like(x) if used and x is not None else empty.clone()  # noqa: E731
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -344,27 +348,27 @@ def _bwd_fake(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seql
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, b, w, scale, initial_state, _, cu_seqlens, chunk_size, _, _, output_v_new, gate_in_kernel, A_log,
-     dt_bias, lower_bound, l2norm_qk) = inputs
+     dt_bias, lower_bound, l2norm_qk, beta_act) = inputs
     ctx.save_for_backward(q, k, v, g, b, w, initial_state, cu_seqlens, output[2], output[4], A_log, dt_bias)
     ctx.scale, ctx.chunk_size, ctx.output_v_new = scale, chunk_size, output_v_new
-    ctx.gate_in_kernel, ctx.lower_bound, ctx.l2norm_qk = gate_in_kernel, lower_bound, l2norm_qk
+    ctx.gate_in_kernel, ctx.lower_bound, ctx.l2norm_qk, ctx.beta_act = gate_in_kernel, lower_bound, l2norm_qk, beta_act
 
 
 def _backward(ctx, do, dht, _dh, dv_new, _solve):
     # one gradient per input of lamina::delta_rule_fwd: q, k, v, g, b, w, scale, initial_state,
     # output_final_state, cu_seqlens, chunk_size, recurrent, save_states, output_v_new, gate_in_kernel, A_log,
-    # dt_bias, lower_bound, l2norm_qk
+    # dt_bias, lower_bound, l2norm_qk, beta_act
     q, k, v, g, b, w, initial_state, cu_seqlens, h, solve, A_log, dt_bias = ctx.saved_tensors
     dht = _none_if_empty(dht) if dht is not None else None
     dv_new = dv_new if ctx.output_v_new else None
     do = torch.zeros_like(v) if do is None else do
     dq, dk, dv, dg, db, dw, dh0, dA_log, ddt_bias = _bwd_op(
         q, k, v, g, b, w, ctx.scale, initial_state, h, solve, do, dht, cu_seqlens, ctx.chunk_size, dv_new,
-        ctx.gate_in_kernel, A_log, dt_bias, ctx.lower_bound, ctx.l2norm_qk)
+        ctx.gate_in_kernel, A_log, dt_bias, ctx.lower_bound, ctx.l2norm_qk, ctx.beta_act)
     return (dq, dk, dv, _none_if_empty(dg) if g is not None else None, db, dw, None,
             dh0 if initial_state is not None else None, None, None, None, None, None, None, None,
             _none_if_empty(dA_log) if A_log is not None else None,
-            _none_if_empty(ddt_bias) if dt_bias is not None else None, None, None)
+            _none_if_empty(ddt_bias) if dt_bias is not None else None, None, None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -417,6 +421,7 @@ def delta_rule_core(
     output_v_new: bool = False,
     gate: tuple[torch.Tensor | None, torch.Tensor | None, float | None] | None = None,
     l2norm_qk: bool = False,
+    beta_act: int = BetaAct.NONE,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``.
 
@@ -424,6 +429,11 @@ def delta_rule_core(
     chunked Triton forward kernels where ``kernels.delta_chunk_common.l2norm_in_kernels`` allows (no pass of
     their own in the forward; the backward runs the L2-norm kernel), else by ``l2norm`` first (the
     token-by-token Triton path, the PyTorch path, GPUs other than Hopper).
+
+    ``beta_act`` (a ``BetaAct``, fla's ``use_beta_sigmoid_in_kernel`` with ``allow_neg_eigval``): ``b`` and ``w``
+    are the raw scalar beta (DeltaNet, GDN and KDA pass one tensor as both), activated inside the chunked Triton
+    kernels, forward and backward (no pass of its own), else by ``beta_activation`` first (the token-by-token
+    Triton path, the PyTorch path).
 
     ``gate``: ``(A_log, dt_bias, lower_bound)`` of fla's ``use_gate_in_kernel`` (validated by the caller):
     ``g`` is then the raw gate input, activated inside the Triton kernels, forward and backward, or by
@@ -438,6 +448,11 @@ def delta_rule_core(
     path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad)
     if l2norm_qk and (path == "torch" or recurrent or not _l2norm_in_kernels(q.device)):
         q, k, l2norm_qk = l2norm(q, backend), l2norm(k, backend), False
+    if beta_act != BetaAct.NONE and (path == "torch" or recurrent):
+        same = w is b
+        b = beta_activation(b, True, beta_act == BetaAct.SIGMOID2)
+        w = b if same else beta_activation(w, True, beta_act == BetaAct.SIGMOID2)
+        beta_act = BetaAct.NONE
     if path == "torch" and gate is not None:
         g = gate_activation(g, *gate)
     if path == "torch":
@@ -465,7 +480,7 @@ def delta_rule_core(
     A_log, dt_bias, lower_bound = gate or (None, None, None)
     o, ht, _, v_new, _ = _fwd_op(q, k, v, g, b, w, float(scale), initial_state, output_final_state, cu_seqlens,
                               chunk_size, recurrent, save_states, output_v_new, gate is not None, A_log, dt_bias,
-                              None if lower_bound is None else float(lower_bound), l2norm_qk)
+                              None if lower_bound is None else float(lower_bound), l2norm_qk, int(beta_act))
     return o, (ht if output_final_state else None), (v_new if output_v_new else None)
 
 
