@@ -115,6 +115,37 @@ def test_large_bf16_with_the_qk_l2norm_in_the_kernels(variant):
             assert_close(f"d{name}", g, gr, dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_large_bf16_with_the_gate_and_beta_in_the_kernels(variant):
+    """The layers' options (use_gate_in_kernel, use_beta_sigmoid_in_kernel, use_qk_l2norm_in_kernel) at B=2,
+    T=2048, K=V=128, bf16: the kernels read the raw gate and the raw beta (values of both signs, out to the
+    sigmoid's tails) and activate them; output, state and every gradient (the raw gate's, the raw beta's, A_log's
+    and dt_bias's included) against autograd through the float64 torch path on the same inputs."""
+    B, T, H, HV, K, V = 2, 2048, 4, 4, 128, 128
+    base = _cuda(make_inputs(variant, B, T, H, HV, K, V, torch.bfloat16, h0=True))[:7]
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    base[3] = torch.randn(base[3].shape, device=DEV, generator=gen) * 2  # the raw gate input
+    base[4] = base[5] = torch.randn(B, T, HV, device=DEV, generator=gen) * 3  # the raw beta
+    params = [torch.randn(HV, device=DEV, generator=gen) * 0.5,
+              torch.randn(HV * K if variant == "kda" else HV, device=DEV, generator=gen)]
+    do = torch.randn(B, T, HV, V, device=DEV, generator=gen)
+    ds = torch.randn(B, HV, K, V, device=DEV, generator=gen)
+    results = []
+    for backend, dt in (("triton", None), ("torch", torch.float64)):
+        xs = [None if x is None else x.detach().to(dt or x.dtype).requires_grad_() for x in base]
+        xs[5] = xs[4]  # one beta
+        a, bias = (x.detach().to(dt or x.dtype).requires_grad_() for x in params)
+        o, s, grads = _grads(variant, xs, do, ds, backend, use_gate_in_kernel=True, A_log=a, dt_bias=bias,
+                             use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True)
+        results.append((o, s, grads[:5] + grads[6:] + [a.grad, bias.grad]))
+    (o, s, got), (o64, s64, want) = results
+    assert_close("o", o, o64, dtype=torch.bfloat16)
+    assert_close("final_state", s, s64, dtype=torch.bfloat16)
+    for name, g, gr in zip(("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), got, want):
+        assert g is not None and gr is not None, name
+        assert_close(f"d{name}", g, gr, dtype=torch.bfloat16)
+
+
 @pytest.mark.parametrize("variant", ["kda", "gdn2"])
 def test_strong_decay_long_sequence_is_finite(variant):
     xs = make_inputs(variant, 1, 4096, 2, 2, 64, 64, torch.bfloat16, decay=(0.0, 1.0))
