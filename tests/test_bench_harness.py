@@ -42,6 +42,14 @@ def test_slow_calls_are_timed_singly_and_gradients_reset(repeats):
     assert t.median_ms >= 20
 
 
+def test_no_repeats_times_the_call_already_made():
+    # slow_call_repeats=0 (the sweeps' dry runs): a slow call is timed by the warm-up call alone
+    calls = []
+    config = TimingConfig(slow_call_s=0.005, slow_call_repeats=0)
+    t = time_fn(lambda: calls.append(time.sleep(0.02)), "cpu", config=config)
+    assert (t.method, t.runs, len(calls)) == ("single call", 1, 1) and t.median_ms >= 20
+
+
 def test_roofline_fractions_by_hand():
     c = Ceilings(copy_gbps=2.0, matmul_tflops=4.0, matmul_dtype="fp32", matmul_n=1, copy_bytes=1, device="cpu")
     # 2e12 FLOPs and 1e9 bytes in 1 s: 2 TFLOP/s (half of 4), 1 GB/s (half of 2); bound 0.5 s of 1 s.

@@ -33,7 +33,8 @@ class TimingConfig:
     rep_ms: float = 100.0
     cpu_min_run_s: float = 0.5
     slow_call_s: float = 0.5
-    # how many single calls time a slow call (a dry run on the CPU, where only the code path matters, takes 1)
+    # how many single calls time a slow call (a dry run on the CPU, where only the code path matters, takes 1);
+    # 0: the call already made (the warm-up that checked the provider runs) is the timing
     slow_call_repeats: int = SLOW_CALL_REPEATS
 
 
@@ -96,6 +97,9 @@ def time_fn(
         _reset(leaves)
         first_call_s = wall_time_once(fn, device)
     if first_call_s > config.slow_call_s:
+        if config.slow_call_repeats == 0:
+            ms = 1e3 * first_call_s
+            return Timing(ms, ms, ms, 1, "single call")
         return _single_calls(fn, device, leaves, config.slow_call_repeats)
     if device == "cuda":
         from triton.testing import do_bench

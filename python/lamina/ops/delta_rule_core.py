@@ -6,7 +6,7 @@ reduce to one call, ``delta_rule_core``, on transformed inputs:
 * ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``;
 * ``g``: ``None`` | ``[B, T, HV]`` | ``[B, T, HV, K]`` log decay (after any gate activation);
 * ``b`` (erase) ``[B, T, HV] | [B, T, HV, K]`` and ``w`` (write) ``[B, T, HV] | [B, T, HV, V]``,
-  the same tensor for DeltaNet, GDN and KDA (after any beta sigmoid).
+  the same tensor for DeltaNet, GDN and KDA (the raw beta with ``beta_act``, the chunked kernels' beta sigmoid).
 
 Paths (``lamina._dispatch.select_backend``):
 
