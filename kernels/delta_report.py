@@ -8,9 +8,10 @@ Two grids of (K = V, activation dtype):
 * ``DEFAULT_GRID`` (the report CI compiles): the forward at K = 128 and 256, the backward at K = 128 and
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
   ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``; with the beta sigmoid,
-  ``BETA_ROW``, where the variant's beta is a scalar) at K = 128, as non-default rows on ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in
-  (``L2NORM_ROW``) at K = 128, non-default rows with the default blocks of the targets that fuse it
-  (``L2NORM_ARCHS``; the layers run them).
+  ``BETA_ROW``, where the variant's beta is a scalar) at K = 128, as non-default rows on
+  ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in (``L2NORM_ROW``) at
+  K = 128, non-default rows with the default blocks of the targets that fuse it (``L2NORM_ARCHS``; the
+  layers run them).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -150,7 +151,8 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
 
         # STORE_A: the training form, which keeps the inverse for the backward
         prep_c = {**base, "ERASE": erase, "WRITE": write, "SOLVE_BLOCK": SOLVE_BLOCK, "GATE_ACT": GateAct.NONE,
-                  "BETA_ACT": BetaAct.NONE, "STORE_A": True, "chunk_indices": None, **({"g": None} if decay == DecayKind.NONE else {}),
+                  "BETA_ACT": BetaAct.NONE, "STORE_A": True, "chunk_indices": None,
+                  **({"g": None} if decay == DecayKind.NONE else {}),
                   **no_gate}
         l2_sig, l2_c = _prep_signature(io, g_ty, prep_c, True)
         prep_sig, norm_c = _prep_signature(io, g_ty, prep_c, False)

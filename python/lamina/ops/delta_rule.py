@@ -314,8 +314,7 @@ def _decode(op, q, k, v, g, b, w, gk, gate_kind, scale, initial_state, output_fi
     if gate_kind == _SCALAR:
         if b is None:
             b = q.new_ones(B, T, HV)
-        if use_beta_sigmoid_in_kernel:
-            beta_act = dd.BETA_SIGMOID2 if allow_neg_eigval else dd.BETA_SIGMOID
+        beta_act = BetaAct.of(use_beta_sigmoid_in_kernel, allow_neg_eigval)
         w = None
     state = initial_state
     if state is not None and not dd.slot_contiguous(state):  # read only (inplace needs it contiguous)
