@@ -7,8 +7,8 @@ four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "
 
 1. lamina's defaults and fla (``fla.ops``; its chunk backward may refuse Hopper under Triton 3.6, its
    guard for fla issue #640: the record then says so and forward+backward is compared where fla runs);
-2. then each alternative of ``lamina.kernels.delta_tuning.ALTERNATIVES``, in the modes it changes,
-   while time is left: every record names it as provider ``lamina-triton[choice]``.
+2. then each alternative of ``lamina.kernels.delta_tuning.ALTERNATIVES``, in the modes and variants it
+   changes, while time is left: every record names it as provider ``lamina-triton[choice]``.
 
 It appends every record to ``--out`` (JSON lines, the suite's format: ``lamina bench summary`` reads it)
 and prints lamina / fla per variant and mode, each alternative's time against the default per case, and
@@ -46,10 +46,13 @@ from lamina.kernels.delta_tuning import DeltaTuning, delta_tuning  # noqa: E402
 
 OPS = ("gated_delta_rule", "kda", "gdn2", "delta_rule")
 MODES = ("fwd", "fwd+bwd")
-# Each alternative (lamina.kernels.delta_tuning, the static report's too) and the modes it can change: the
-# solve runs in the forward, the value blocks in the backward.
-ALTERNATIVES: tuple[tuple[DeltaTuning, tuple[str, ...]], ...] = tuple(
-    (t, ("fwd",) if t.changes_forward else ("fwd+bwd",)) for t in TUNING_ALTERNATIVES)
+# The variants with a per-channel decay (the only ones DeltaTuning.channel_dots changes).
+CHANNEL_OPS = ("kda", "gdn2")
+# Each alternative (lamina.kernels.delta_tuning, the static report's too), the modes it can change (the
+# solve runs in the forward, the value blocks in the backward) and the variants it can change.
+ALTERNATIVES: tuple[tuple[DeltaTuning, tuple[str, ...], tuple[str, ...]], ...] = tuple(
+    (t, ("fwd",) if t.changes_forward else ("fwd+bwd",), CHANNEL_OPS if t.channel_dots else OPS)
+    for t in TUNING_ALTERNATIVES)
 # An alternative becomes a default only this much faster (geometric mean of its time ratios).
 MIN_GAIN = 0.03
 # The defaults and fla take this share of the budget at most; the alternatives share the rest.
@@ -81,9 +84,10 @@ def _interpreter_provider() -> None:
     bench_providers.PROVIDERS[LAMINA] = replace(current, devices=("cuda", "cpu"), available=None)
 
 
-def config(device: str, dry_run: bool, providers: list[str], modes: list[str], budget: float | None) -> SuiteConfig:
-    return SuiteConfig(device=device, ops=list(OPS), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
-                       op_modes={op: list(modes) for op in OPS}, timing=DRY_TIMING if dry_run else GPU_TIMING,
+def config(device: str, dry_run: bool, providers: list[str], modes: list[str], budget: float | None,
+           ops: tuple[str, ...] = OPS) -> SuiteConfig:
+    return SuiteConfig(device=device, ops=list(ops), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
+                       op_modes={op: list(modes) for op in ops}, timing=DRY_TIMING if dry_run else GPU_TIMING,
                        time_budget_s=budget, measure_ceilings=False)
 
 
@@ -99,20 +103,20 @@ def run(device: str, dry_run: bool, out: str, budget_s: float) -> list[dict[str,
         print(f"{task.op:<17} {task.mode:<8} {task.label:<22} {name:<34} {rec['status']:<8} "
               f"{rec.get('ms') or rec.get('reason') or ''}", flush=True)
 
-    def suite(providers: list[str], modes: list[str], budget: float) -> None:
-        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0)), renamed, progress)
+    def suite(providers: list[str], modes: list[str], budget: float, ops: tuple[str, ...] = OPS) -> None:
+        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0), ops), renamed, progress)
         records.extend(got)
 
     try:
         suite([LAMINA, fla], list(MODES), budget_s * BASELINE_SHARE)
-        for n, (tuning, modes) in enumerate(ALTERNATIVES):
+        for n, (tuning, modes, ops) in enumerate(ALTERNATIVES):
             left = budget_s - (time.monotonic() - start)
             if left <= 1.0:
                 print(f"time budget spent: {tuning.label()} and later alternatives not run")
                 break
             renamed.suffix = tuning.label()
             with delta_tuning(**tuning.choices()):
-                suite([LAMINA], list(modes), left / (len(ALTERNATIVES) - n))
+                suite([LAMINA], list(modes), left / (len(ALTERNATIVES) - n), ops)
     finally:
         renamed.suffix = ""
         writer.close()
@@ -144,7 +148,7 @@ def report(records: list[dict[str, Any]]) -> str:
                      f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}")
     lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
     chosen: dict[str, tuple[int, float]] = {}
-    for tuning, _ in ALTERNATIVES:
+    for tuning, _, _ in ALTERNATIVES:
         label = tuning.label()
         name = f"{LAMINA}[{label}]"
         logs = [math.log(t[name] / t[LAMINA]) for t in times.values() if name in t and LAMINA in t]

@@ -59,7 +59,8 @@ reports is what runs.
 
 Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
-finite at any T. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE) use matrix products with a ``[BT, BT]``
+finite at any T. ``DeltaTuning.channel_dots`` forms the same intra-chunk products with tensor cores between
+16-row sub-blocks, every factor's exponent still ``<= 0``. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE) use matrix products with a ``[BT, BT]``
 decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
 """
 
@@ -74,6 +75,7 @@ from lamina.kernels._utils import cdiv
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
     gated_gram,
+    gated_gram_t_dots,
     load_state_tile,
     scan_operands,
     state_block_io,
@@ -97,6 +99,7 @@ from lamina.kernels.delta_chunk_common import (
     GATE_CHANNEL,
     GATE_SCALAR,
     MAX_K,
+    SUB_BLOCK_C,
     BetaAct,
     DecayKind,
     GateInput,
@@ -154,7 +157,10 @@ def _delta_chunk_bwd_prep_kernel(
         k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
-            Pm += gated_gram(q_t, k_t, G, o_t, L, BT)
+            if P_PRODUCT:  # P^T, with tensor-core products between sub-blocks (DeltaTuning.channel_dots)
+                Pm += gated_gram_t_dots(q_t, k_t, G, o_t, SUB_BLOCK_C, DT, DOT_PRECISION)
+            else:
+                Pm += gated_gram(q_t, k_t, G, o_t, L, BT)
         elif P_PRODUCT:  # P^T = K Q^T (see P_c below)
             Pm += tl.dot(k_t.to(DT), tl.trans(q_t.to(DT)), input_precision=DOT_PRECISION)
         else:
@@ -182,7 +188,8 @@ def _delta_chunk_bwd_prep_kernel(
     # P^T: with P_PRODUCT (dense decays on Hopper) formed as a product of its own above, not with tl.trans
     # of the product P: the Triton 3.4-3.6 Hopper miscompile of the forward's solve (kernels/delta_chunk_fwd.py).
     # Elsewhere the transpose: on sm_80 the extra product's operand spilled GDN bf16 K = 512 (9 STL, Triton
-    # 3.9), and the per-channel P is formed on CUDA cores (gated_gram), not by a product.
+    # 3.9), and the per-channel P is formed on CUDA cores (gated_gram), not by a product, unless its tensor-core
+    # form (P_PRODUCT with per-channel decay) builds P^T directly.
     P_c = Pm.to(DT) if P_PRODUCT else tl.trans(Pm.to(DT))
     o_bv = tl.arange(0, BV)
     chunk_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
@@ -508,7 +515,8 @@ def delta_chunk_bwd(
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
         q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
         scale=scale, T=T, NT=nt, NTOK=ntok,
-        BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column, **dims, **flags, **launch)
+        BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column,
+        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, **launch)
 
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)

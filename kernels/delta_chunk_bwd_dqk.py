@@ -12,7 +12,9 @@ import triton
 import triton.language as tl
 
 from lamina.kernels.delta_chunk_bwd_parts import (
+    gated_col_grads_dots,
     gated_intra_grads,
+    gated_row_grads_dots,
     load_state_tile,
     masked_rows_gram,
     row_of,
@@ -26,6 +28,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_NONE,
     DECAY_SCALAR,
     GATE_CHANNEL,
+    SUB_BLOCK_C,
     activated_beta,
     beta_grad_factor,
     chunk_rows,
@@ -49,7 +52,7 @@ def _delta_chunk_bwd_dqk_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr, GATE_ACT: tl.constexpr,
-    BETA_ACT: tl.constexpr,
+    BETA_ACT: tl.constexpr, CHANNEL_DOTS: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
@@ -135,7 +138,22 @@ def _delta_chunk_bwd_dqk_kernel(
         q_t = q_in.to(tl.float32)
         k_t = k_in.to(tl.float32)
         e_t = k_t * b_t
-        if DECAY == DECAY_CHANNEL or BY_COLUMN:
+        if DECAY == DECAY_CHANNEL and CHANNEL_DOTS:
+            # tensor-core products between 16-row sub-blocks (DeltaTuning.channel_dots); dk's take the transposes
+            # of dP and dM, with REGRAM as grams of their own (U dO^T, U dR^T), else with tl.trans
+            dP = tl.where(lower, dP * scale, 0.0)
+            dM = tl.where(strict, -dM, 0.0)
+            dq_h, de_h = gated_row_grads_dots(dP, dM, k_t, G, o_t, dq_h, de_h, SUB_BLOCK_C, DT, DOT_PRECISION)
+            if REGRAM:
+                dP = masked_rows_gram(U_buf, do, t0, L, HV * V, val_head, o_t, o_gv, V, G, upper, DECAY, DT,
+                                      DOT_PRECISION) * scale
+                dM = -masked_rows_gram(U_buf, dR_buf, t0, L, HV * V, val_head, o_t, o_gv, V, G, strict_upper, DECAY,
+                                       DT, DOT_PRECISION)
+            else:
+                dP = tl.trans(dP)
+                dM = tl.trans(dM)
+            dk_h = gated_col_grads_dots(dP, dM, q_t, e_t, G, o_t, dk_h, SUB_BLOCK_C, DT, DOT_PRECISION)
+        elif DECAY == DECAY_CHANNEL or BY_COLUMN:
             # key column by key column on CUDA cores (per-channel decay; BY_COLUMN: a dense decay as its
             # per-channel form, every column with the same G)
             if DECAY == DECAY_CHANNEL:

@@ -5,6 +5,8 @@ Everything here works on one chunk of ``BT`` tokens held in registers:
 * ``rows_gram``: ``X Y^T`` of two ``[BT, C]`` row blocks, over column blocks.
 * ``gated_gram``: ``X_i . (Y_j * exp(G_i - G_j))`` for ``j <= i`` with per-channel ``G``.
 * ``gated_intra_grads``: the three products that back-propagate through ``gated_gram``.
+* ``gated_gram_t_dots``, ``gated_row_grads_dots``, ``gated_col_grads_dots``: the same with tensor-core
+  products between ``SUB``-row sub-blocks (``DeltaTuning.channel_dots``).
 * ``state_tile_ptrs`` / ``load_state_tile``: a ``[BK, BV]`` block of a ``[K, V]`` state.
 * ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
 
@@ -13,7 +15,11 @@ come from kernels/delta_chunk_common.py, which the forward shares.
 
 Per-channel decay is handled one key column ``j`` at a time, so every exponent is ``G_i - G_j``
 with ``i >= j``, which is ``<= 0`` for log decays ``g <= 0``: nothing overflows, and an exponent
-that underflows stands for a weight that is truly below float32's range.
+that underflows stands for a weight that is truly below float32's range. The ``_dots`` forms keep that
+bound: between sub-blocks the weight ``exp(G_i - G_j)`` is split at a row ``r`` with ``j <= r < i`` (the
+last row before row ``i``'s sub-block) into ``exp(G_i - G_r)`` and ``exp(G_r - G_j)``, each ``<= 1``, which
+go into the product's operands; inside a sub-block they take exact exponents, one column of every
+sub-block at a time (``block_sums``), as the forward's gram does (kernels/delta_chunk_fwd.py).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
     GATE_CHANNEL,
+    _masked_exp,
     activated_beta,
     load_gate,
     load_rows,
@@ -116,6 +123,106 @@ def gated_intra_grads(dP, dM, Q, E, Kt, G, o_t, n_rows, dQ, dE, dK, BT: tl.const
 
 
 @triton.jit
+def block_sums(X, SUB: tl.constexpr):
+    """Every row of the ``[BT, C]`` tile ``X`` replaced by the sum of the rows of its ``SUB``-row sub-block.
+    Of a tile that is 0 outside one row per sub-block, it gives that row to every row of the sub-block."""
+    BT: tl.constexpr = X.shape[0]
+    C: tl.constexpr = X.shape[1]
+    NB: tl.constexpr = BT // SUB
+    sums = tl.sum(tl.reshape(X, (NB, SUB, C)), 1)
+    return tl.reshape(tl.broadcast_to(sums[:, None, :], (NB, SUB, C)), (BT, C))
+
+
+@triton.jit
+def sub_block_column(X, G, at_j, SUB: tl.constexpr):
+    """Row ``j`` of every ``SUB``-row sub-block of ``X`` and of ``G`` (``at_j``: the rows ``j`` of the
+    sub-blocks), given to each row of that sub-block."""
+    return block_sums(tl.where(at_j[:, None], X, 0.0), SUB), block_sums(tl.where(at_j[:, None], G, 0.0), SUB)
+
+
+@triton.jit
+def gated_gram_t_dots(X, Y, G, o_t, SUB: tl.constexpr, DT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The transpose of ``gated_gram(X, Y, G)`` (``R^T``, upper triangle incl. the diagonal), with
+    tensor-core products between ``SUB``-row sub-blocks (operands in ``DT``). Rows of ``X`` and ``Y`` past
+    the chunk's end must be 0 and ``G``'s repeat its last valid row (``load_gate``)."""
+    BT: tl.constexpr = X.shape[0]
+    RT = tl.zeros([BT, BT], dtype=tl.float32)
+    block = o_t // SUB
+    for i in range(1, BT // SUB):
+        r = i * SUB - 1
+        g_r = row_of(G, o_t, r)[None, :]
+        x_i = X * _masked_exp(G - g_r, (block == i)[:, None])
+        y_r = Y * _masked_exp(g_r - G, (o_t <= r)[:, None])
+        RT = tl.dot(y_r.to(DT), tl.trans(x_i.to(DT)), RT, input_precision=DOT_PRECISION)
+    off = o_t % SUB
+    for j in range(0, SUB):
+        y_j, g_j = sub_block_column(Y, G, off == j, SUB)
+        # R_ts for s = the row j of t's sub-block (exponents <= 0 where s <= t; 0 above)
+        r_t = tl.sum(X * y_j * _masked_exp(G - g_j, (off >= j)[:, None]), 1)
+        RT = tl.where(o_t[:, None] == (o_t - off + j)[None, :], r_t[None, :], RT)
+    return RT
+
+
+@triton.jit
+def gated_row_grads_dots(dP, dM, Kt, G, o_t, dQ, dE, SUB: tl.constexpr, DT: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
+    """The ``dQ`` and ``dE`` parts of ``gated_intra_grads`` (same arguments, ``dP``/``dM`` masked), with
+    tensor-core products between ``SUB``-row sub-blocks: ``dQ_i += sum_j dP_ij K_j e^(G_i - G_j)``, the
+    same for ``dE`` with ``dM``."""
+    BT: tl.constexpr = Kt.shape[0]
+    block = o_t // SUB
+    for i in range(1, BT // SUB):
+        # rows of sub-block i against every column before it
+        r = i * SUB - 1
+        g_r = row_of(G, o_t, r)[None, :]
+        k_r = (Kt * _masked_exp(g_r - G, (o_t <= r)[:, None])).to(DT)
+        pick = (block == i)[:, None] & (o_t <= r)[None, :]
+        left = _masked_exp(G - g_r, (block == i)[:, None])
+        dQ += left * tl.dot(tl.where(pick, dP, 0.0).to(DT), k_r, input_precision=DOT_PRECISION)
+        dE += left * tl.dot(tl.where(pick, dM, 0.0).to(DT), k_r, input_precision=DOT_PRECISION)
+    off = o_t % SUB
+    for j in range(0, SUB):
+        k_j, g_j = sub_block_column(Kt, G, off == j, SUB)
+        kg = k_j * _masked_exp(G - g_j, (off >= j)[:, None])
+        at_col = o_t[None, :] == (o_t - off + j)[:, None]
+        dQ += tl.sum(tl.where(at_col, dP, 0.0), 1)[:, None] * kg
+        dE += tl.sum(tl.where(at_col, dM, 0.0), 1)[:, None] * kg
+    return dQ, dE
+
+
+@triton.jit
+def gated_col_grads_dots(dPT, dMT, Q, E, G, o_t, dK, SUB: tl.constexpr, DT: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
+    """The ``dK`` part of ``gated_intra_grads`` from the transposes ``dPT``, ``dMT`` of its masked ``dP``,
+    ``dM``, with tensor-core products between ``SUB``-row sub-blocks:
+    ``dK_j += sum_i (dP_ij Q_i + dM_ij E_i) e^(G_i - G_j)``."""
+    BT: tl.constexpr = Q.shape[0]
+    block = o_t // SUB
+    for i in range(1, BT // SUB):
+        # rows of sub-block i - 1 against every row after it, split at its last row r
+        r = i * SUB - 1
+        g_r = row_of(G, o_t, r)[None, :]
+        after = (o_t > r)[:, None]
+        q_r = (Q * _masked_exp(G - g_r, after)).to(DT)
+        e_r = (E * _masked_exp(G - g_r, after)).to(DT)
+        pick = (block == i - 1)[:, None] & (o_t > r)[None, :]
+        part = tl.dot(tl.where(pick, dPT, 0.0).to(DT), q_r, input_precision=DOT_PRECISION)
+        part = tl.dot(tl.where(pick, dMT, 0.0).to(DT), e_r, part, input_precision=DOT_PRECISION)
+        dK += _masked_exp(g_r - G, (block == i - 1)[:, None]) * part
+    off = o_t % SUB
+    for j in range(0, SUB):
+        g_j = block_sums(tl.where((off == j)[:, None], G, 0.0), SUB)
+        gate = _masked_exp(G - g_j, (off >= j)[:, None])
+        # dP_ts for s = the row j of t's sub-block: column t of dPT, row s
+        at_row = o_t[:, None] == (o_t - off + j)[None, :]
+        p_j = tl.sum(tl.where(at_row, dPT, 0.0), 0)
+        m_j = tl.sum(tl.where(at_row, dMT, 0.0), 0)
+        part = (p_j[:, None] * Q + m_j[:, None] * E) * gate
+        dK += tl.where((off == j)[:, None], block_sums(part, SUB), 0.0)
+    return dK
+
+
+@triton.jit
 def scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, A_log, dt_bias,
                   lower_bound, GATE_ACT: tl.constexpr, BETA_ACT: tl.constexpr):
@@ -191,6 +298,7 @@ def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.con
 
 __all__ = [
     "row_of", "col_of",
-    "rows_gram", "gated_gram", "gated_intra_grads", "scan_operands", "state_tile_ptrs",
+    "rows_gram", "gated_gram", "gated_intra_grads", "block_sums", "sub_block_column", "gated_gram_t_dots",
+    "gated_row_grads_dots", "gated_col_grads_dots", "scan_operands", "state_tile_ptrs",
     "load_state_tile", "swap_state_block", "state_block_io",
 ]

@@ -117,7 +117,13 @@ class BwdTiles(NamedTuple):
     whether the dqk kernel forms the transposed intra-chunk gradients as grams of their own
     (``dqk_regram``: with a dense decay, fp32 or on Hopper) and whether it takes the intra-chunk products key
     column by key column (``dqk_by_column``: fp32 with a dense decay where the tensor-core form spills), and
-    whether the prep kernel forms P^T as a product of its own (``prep_p_product``: a dense decay on Hopper)."""
+    whether the prep kernel forms P^T as a product of its own (``prep_p_product``: a dense decay on Hopper), and
+    whether the intra-chunk products of a per-channel decay use tensor cores between 16-row sub-blocks
+    (``channel_dots``, ``DeltaTuning.channel_dots``, 16-bit only: the prep kernel's P^T as with ``prep_p_product``,
+    the dqk kernel's transposes as grams of their own on Hopper, as with ``dqk_regram``). fp32 keeps the
+    column loops: with the products the dqk kernel spilled on sm_90 (static report, K = 64 to 512: 54-55 STL
+    under Triton 3.9 and 10 under 3.6; with 16-column key blocks 41-50 under 3.9, and with tl.trans instead of
+    the grams 55-59)."""
 
     prep_bk: int
     prep_bv: int
@@ -129,6 +135,7 @@ class BwdTiles(NamedTuple):
     dqk_regram: bool = False
     prep_p_product: bool = False
     dqk_by_column: bool = False
+    channel_dots: bool = False
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None,
@@ -164,6 +171,8 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         tiles = tiles._replace(**chosen)
         if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
             tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
+    if tuning is not None and tuning.channel_dots and decay == DecayKind.CHANNEL and not fp32:
+        tiles = tiles._replace(channel_dots=True, prep_p_product=True, dqk_regram=warpgroup_mma)
     if fp32 and decay != DecayKind.CHANNEL:
         tensor_core_fits = warpgroup_mma and decay == DecayKind.NONE and tiles.dqk_bv <= DQK_BLOCK_V
         tiles = tiles._replace(dqk_by_column=not tensor_core_fits)

@@ -271,7 +271,7 @@ def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
         _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
         _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram,
-                                          BY_COLUMN=tiles.dqk_by_column),
+                                          BY_COLUMN=tiles.dqk_by_column, CHANNEL_DOTS=tiles.channel_dots),
     }[fn]
 
 

@@ -20,6 +20,11 @@ tested against the float64 reference under the interpreter):
   (memory for fp32 activations; registers for 16-bit ones, but memory past K = 256 on targets without
   warpgroup products); True: in memory (two reads and a write of each key block per chunk, narrower key
   blocks); False: in registers (at most four key blocks).
+* ``channel_dots``: the backward's intra-chunk products with per-channel decay (KDA, GDN-2). False: one key
+  column at a time on CUDA cores (the default); True: tensor-core products between 16-row sub-blocks, the
+  decay split into factors ``<= 1`` at a row between them, and exact exponents inside each sub-block
+  (``kernels/delta_chunk_bwd_parts.py``). 16-bit activations only: fp32 keeps the column loops, where the
+  products spilled (``bwd_tiles``).
 * ``recompute_states``: what a training forward keeps of the chunk-start states ``h`` (fp32
   ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values) and of the chunks' inverses ``A`` (fp32
   ``[B, T, HV, C]``). False: the forward saves both for the backward (the default); True: it saves neither
@@ -58,11 +63,12 @@ class DeltaTuning:
     dh_in_memory: bool | None = None
     state_in_memory: bool | None = None
     recompute_states: bool = False
+    channel_dots: bool = False
 
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
-        for name in ("output_kernel", "recompute_states"):
+        for name in ("output_kernel", "recompute_states", "channel_dots"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"delta_tuning: {name} must be a bool, got {getattr(self, name)!r}")
         for name in ("dh_in_memory", "state_in_memory"):
@@ -94,11 +100,13 @@ class DeltaTuning:
 
 # The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
 # non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, the forward's state
-# in memory, a wider value block for each backward kernel, the reverse scan's dH in memory, and the chunk
-# states recomputed by the backward instead of saved by the forward.
+# in memory, a wider value block for each backward kernel, the reverse scan's dH in memory, the chunk
+# states recomputed by the backward instead of saved by the forward, and the per-channel backward's
+# tensor-core products.
 ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
                 DeltaTuning(state_in_memory=True), DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32),
-                DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True), DeltaTuning(recompute_states=True))
+                DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True), DeltaTuning(recompute_states=True),
+                DeltaTuning(channel_dots=True))
 # The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
 ALTERNATIVE_ARCHS = (90,)
 

@@ -327,13 +327,18 @@ def test_bwd_report_matches_launch():
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
             if spec.name == "_delta_chunk_bwd_dh_kernel":
                 assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
+            if spec.name == "_delta_chunk_bwd_prep_kernel":
+                assert c["P_PRODUCT"] == tiles.prep_p_product, f"{spec.config} sm_{arch}"
             if spec.name == "_delta_chunk_bwd_dqk_kernel":
                 assert c["REGRAM"] == tiles.dqk_regram, spec.config
                 assert c["BY_COLUMN"] == tiles.dqk_by_column, f"{spec.config} sm_{arch}"
+                assert c["CHANNEL_DOTS"] == tiles.channel_dots, f"{spec.config} sm_{arch}"
             if spec.default:
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
     assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"
+    dots = {(s.name, s.constexprs["ERASE"]) for s in specs if s.config.endswith(" channel_dots=True")}
+    assert len(dots) == 2 * 2, "the prep and dqk kernels of KDA and GDN-2 have rows with the tensor-core products"
     gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs["GATE_ACT"]}
     assert len(gated) == 3 * 3, "every kernel of the three decayed variants has a fused-gate row"
 

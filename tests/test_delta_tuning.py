@@ -149,3 +149,61 @@ def test_every_alternative_at_keys_of_512(tuning):
     backward's in-memory scan) against the float64 torch path. About 40 s each here."""
     with delta_tuning(**tuning.choices()):
         check_training_against_float64("gdn2", 70, 512, 16)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("hopper", [False, True], ids=["trans", "regram"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kinds", [KDA, GDN2], ids=["kda", "gdn2"])
+def test_channel_dots(monkeypatch, kinds, dtype, hopper):
+    """``channel_dots``: the per-channel backward's intra-chunk products with tensor cores between 16-row
+    sub-blocks give the float64 reference's gradients. Two sequences of 70 and 30 tokens: full chunks, and tails
+    that end inside a sub-block and leave whole sub-blocks of padding. With Hopper's tiles the dqk kernel forms
+    the transposes of dP and dM as grams of their own, elsewhere with tl.trans. The launcher picks the products
+    for 16-bit activations only; the fp32 case forces them on, to check their algebra at fp32's tolerance."""
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    used = record_bwd_tiles(monkeypatch)
+    monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: hopper)
+    fp32 = dtype == torch.float32
+    if fp32:
+        chosen = bwd.bwd_tiles
+        monkeypatch.setattr(bwd, "bwd_tiles", lambda *a, **kw: chosen(*a, **kw)._replace(
+            channel_dots=True, prep_p_product=True, dqk_regram=hopper))
+    with delta_tuning(channel_dots=True):
+        check_case(*build_case(1, 100, 2, 2, 32, 48, kinds, dtype=dtype, seqlens=[70, 30]))
+    assert len(used) == 1
+    assert used[0].channel_dots == (not fp32)
+    if not fp32:
+        assert (used[0].prep_p_product, used[0].dqk_regram) == (True, hopper)
+
+
+@pytest.mark.interpret
+def test_channel_dots_finite_at_minus_20(monkeypatch):
+    """``channel_dots`` where half the channels decay by e^-20 per token (in-chunk exponents down to -1280):
+    every factor of the sub-block products stays <= 1, and the gradients are finite and the reference's."""
+    inputs, cu, do, dfinal = build_case(1, 80, 1, 1, 32, 32, GDN2, dtype=torch.bfloat16)
+    g = inputs[3]
+    g[..., ::2] = -1e-3 * torch.rand_like(g[..., ::2])
+    g[..., 1::2] = -20.0
+    used = record_bwd_tiles(monkeypatch)
+    with delta_tuning(channel_dots=True):
+        got = check_case(inputs, cu, do, dfinal)
+    assert used[0].channel_dots
+    assert all(bool(torch.isfinite(x).all()) for x in got if x is not None)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("head_dim", [16, 48, 64, 128, pytest.param(256, marks=pytest.mark.slow),
+                                      pytest.param(512, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kinds", [KDA, GDN2], ids=["kda", "gdn2"])
+def test_channel_dots_head_dims(monkeypatch, kinds, head_dim):
+    """``channel_dots`` at K = V from 16 to 512 (48: padded key and value blocks), bf16, Hopper's tiles (the
+    transposes as grams), one chunk and a tail of 7 tokens."""
+    import lamina.kernels.delta_chunk_bwd as bwd
+
+    used = record_bwd_tiles(monkeypatch)
+    monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: True)
+    with delta_tuning(channel_dots=True):
+        check_case(*build_case(1, 71, 1, 1, head_dim, head_dim, kinds, dtype=torch.bfloat16))
+    assert used[0].channel_dots
