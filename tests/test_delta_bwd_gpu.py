@@ -102,3 +102,28 @@ def test_float32_training_takes_the_torch_path_on_cuda():
         assert_close(name, a, r, dtype=torch.float32)
     with pytest.raises(ValueError, match="float32"):
         lamina.chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4], backend="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device_tiles", [True, False], ids=["device-tiles", "mma-sync-tiles"])
+@pytest.mark.parametrize("kinds", [KDA, GDN2], ids=["kda", "gdn2"])
+def test_bwd_gpu_channel_dots(kinds, device_tiles, monkeypatch):
+    # DeltaTuning.channel_dots: the per-channel intra-chunk products on tensor cores, at the production shape
+    # and varlen, and finite at g = -20; with the device's tiles (on Hopper, dk's transposes as grams of their
+    # own) and with those of GPUs without warpgroup products (tl.trans of dP and dM: on Hopper, the shape of the
+    # Triton 3.4-3.6 miscompile, a transposed product result fed to a product)
+    import lamina.kernels.delta_chunk_bwd as bwd
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    if not device_tiles:
+        monkeypatch.setattr(bwd, "has_warpgroup_mma", lambda device: False)
+    with delta_tuning(channel_dots=True):
+        check_case(*build_case(2, 2048, 4, 4, 128, 128, kinds, dtype=torch.bfloat16, device="cuda"))
+        check_case(*build_case(1, 700, 2, 4, 64, 96, kinds, dtype=torch.bfloat16, seqlens=[300, 1, 399],
+                               device="cuda"))
+        inputs, cu, do, dfinal = build_case(1, 4096, 2, 2, 128, 128, kinds, dtype=torch.bfloat16, device="cuda")
+        inputs[3][..., ::3] = -20.0
+        got = run_bwd(inputs, 128**-0.5, cu, do, dfinal, 64)
+    for name, x in zip(GRAD_NAMES, got):
+        if x is not None:
+            assert bool(torch.isfinite(x).all()), f"{name} has NaN/inf"
