@@ -33,6 +33,14 @@ A scalar beta given raw (``BETA_ACT``, fla's ``use_beta_sigmoid_in_kernel``) is 
 it, and each partial sum of ``db`` and ``dw`` (per key or value block) is multiplied by the activation's
 derivative before it is stored: the launcher's sums are then the raw beta's gradients.
 
+With the l2norm of q and k fused in (``L2NORM``, fla's ``use_qk_l2norm_in_kernel``) the prep kernel takes the
+raw rows: it sums their squares on its way through them for ``P`` (formed from the raw rows, then each entry
+times its row's and column's inverse norms), and stores the inverse norms (``rq``, ``rk``) and the normalised rows
+in the activations' dtype, which the rest of it and the later kernels read as they read q and k otherwise. (Scaling the raw rows where those kernels load them spilled on sm_90: GDN's 16-bit
+reverse scan at K = 128 under Triton 3.9, 1-21 STL whichever tiles took the scale, and GDN-2's fp32 dq/dk kernel
+under 3.6, 2 STL: they have no register to spare.) The kernels' ``dq`` and ``dk`` are the normalised rows'
+gradients; the launcher takes them to the raw rows with the L2-norm kernel's backward.
+
 Kernels (no atomics anywhere, so two runs are bitwise equal):
 
 1. ``_delta_chunk_bwd_prep_kernel`` (chunk x value head): ``P``, and everything that needs ``S0`` or
@@ -111,6 +119,7 @@ from lamina.kernels.delta_chunk_common import (
     chunk_rows,
     first_chunk,
     gate_kernel_args,
+    inverse_norm,
     load_gate,
     load_rows,
     load_tile,
@@ -133,13 +142,13 @@ FP32_DR_ROWS = tl.constexpr(16)
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _delta_chunk_bwd_prep_kernel(
-    q, k, v, g, b, w, h, do, dv_new, A_buf, U_out, dU_out, dh_out, cu_seqlens, chunk_indices,
+    q, k, v, g, b, w, h, do, dv_new, A_buf, U_out, dU_out, dh_out, rq, rk, qn, kn, cu_seqlens, chunk_indices,
     A_log, dt_bias, lower_bound, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     ADD_DV_NEW: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE_ACT: tl.constexpr, P_PRODUCT: tl.constexpr,
-    BETA_ACT: tl.constexpr,
+    BETA_ACT: tl.constexpr, L2NORM: tl.constexpr,
 ):
     i_ch = tl.program_id(0)
     i_c = i_ch // HV
@@ -151,10 +160,20 @@ def _delta_chunk_bwd_prep_kernel(
     o_k = tl.arange(0, BK)
     lower = o_t[:, None] >= o_t[None, :]
 
+    # With L2NORM (fla's use_qk_l2norm_in_kernel) q and k are the raw rows: P is formed from them, with the sums
+    # of their squares on the way, and each entry scaled by its row's and column's inverse norms after; the
+    # norms go to rq and rk and the normalised rows to qn and kn (in the activations' dtype), which the rest of
+    # this kernel and the later ones read. (Scaled as loaded in the loop over V blocks below, the rows kept their
+    # inverse norms live across it: KDA's fp32 kernel spilled on sm_90 under Triton 3.6, 2 STL.)
     Pm = tl.zeros([BT, BT], dtype=tl.float32)
+    ss_q = tl.zeros([BT], dtype=tl.float32)
+    ss_k = tl.zeros([BT], dtype=tl.float32)
     for k0 in range(0, K, BK):
         q_t = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
         k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+        if L2NORM:
+            ss_q += tl.sum(q_t * q_t, 1)
+            ss_k += tl.sum(k_t * k_t, 1)
         if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
             if P_PRODUCT:  # P^T, with tensor-core products between sub-blocks (DeltaTuning.channel_dots)
@@ -173,6 +192,28 @@ def _delta_chunk_bwd_prep_kernel(
         else:
             Pm = Pm * tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))
     Pm = tl.where(upper if P_PRODUCT else lower, Pm * scale, 0.0)
+    if L2NORM:
+        r_q = inverse_norm(ss_q)
+        r_k = inverse_norm(ss_k)
+        if P_PRODUCT:
+            Pm = Pm * (r_k[:, None] * r_q[None, :])
+        else:
+            Pm = Pm * (r_q[:, None] * r_k[None, :])
+        # every value head of a qk head stores the same values (the first to finish leaves them)
+        norm_offs = (t0 + o_t.to(tl.int64)) * H + i_h
+        tl.store(rq + norm_offs, r_q, mask=o_t < L)
+        tl.store(rk + norm_offs, r_k, mask=o_t < L)
+        for k0 in range(0, K, BK):
+            store_tile(qn, t0, L, H * K, i_h * K, k0, o_t, o_k, K,
+                       load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * r_q[:, None])
+            store_tile(kn, t0, L, H * K, i_h * K, k0, o_t, o_k, K,
+                       load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * r_k[:, None])
+        tl.debug_barrier()  # the loads below read these rows back (another thread may have stored them)
+        q_rows = qn
+        k_rows = kn
+    else:
+        q_rows = q
+        k_rows = k
 
     # Everything of the chunk that needs the forward's state S0 or dO but not the incoming dH is
     # formed here, in parallel over chunks, rather than in the sequential scan:
@@ -205,8 +246,8 @@ def _delta_chunk_bwd_prep_kernel(
         else:
             rhs = rhs * activated_beta(load_vec(w + i_hv, t0, L, HV, o_t), BETA_ACT)[:, None]
         for k0 in range(0, K, BK):
-            k_t = load_rows(k, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
-            q_g = load_rows(q, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * scale
+            k_t = load_rows(k_rows, t0, L, H * K, i_h * K, k0, o_t, o_k, K)
+            q_g = load_rows(q_rows, t0, L, H * K, i_h * K, k0, o_t, o_k, K) * scale
             if ERASE == GATE_CHANNEL:
                 e_g = k_t * load_rows(b, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
             else:
@@ -381,6 +422,17 @@ def _gate_kind(name: str, x: torch.Tensor | None, lead: tuple[int, ...], width: 
     return GateKind.CHANNEL
 
 
+def _l2norm_rows_grad(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """The gradient of the raw rows ``x`` from that of their l2-normalised rows (inverse norms ``rstd``), by the
+    L2-norm kernel's backward."""
+    from lamina.kernels.rms_norm_gated import rms_norm_bwd
+
+    width = x.shape[-1]
+    dx = rms_norm_bwd(dy.reshape(-1, width), None, x.reshape(-1, width), None, None, None, None, rstd.reshape(-1),
+                      "none", "l2")[0]
+    return dx.view(x.shape)
+
+
 def delta_chunk_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -399,6 +451,7 @@ def delta_chunk_bwd(
     dv_new: torch.Tensor | None = None,
     gate: GateInput | None = None,
     beta_act: int = BetaAct.NONE,
+    l2norm_qk: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the chunked delta-rule family (module docstring) with respect to every input.
 
@@ -420,6 +473,11 @@ def delta_chunk_bwd(
             ``use_gate_in_kernel``); ``dg`` is then its gradient, and two more results follow.
         beta_act: a ``BetaAct``: the scalar ``b`` and ``w`` are raw, activated where the kernels load them (fla's
             ``use_beta_sigmoid_in_kernel``); ``db`` and ``dw`` are then the raw inputs' gradients.
+        l2norm_qk: ``q`` and ``k`` are the raw rows, l2-normalised inside the kernels (fla's
+            ``use_qk_l2norm_in_kernel``; ``h`` and ``A`` are the forward's of the normalised rows): the prep
+            kernel forms each row's inverse norm on its way through the rows and stores the normalised rows for
+            the later kernels. ``dq`` and ``dk`` are the raw rows' gradients (the L2-norm kernel's backward takes
+            the normalised rows' there, one pass).
 
     Returns:
         (dq, dk, dv, dg, db, dw, dinitial_state), shaped and typed as their inputs (dinitial_state is
@@ -478,6 +536,11 @@ def delta_chunk_bwd(
     gate_kw = gate_kernel_args(gate, HV, K if decay == DecayKind.CHANNEL else 1, q)  # pointers, lower_bound
     flags = dict(DECAY=decay, ERASE=erase, WRITE=write, IS_VARLEN=cu_seqlens is not None,
                  DOT_PRECISION=DOT_PRECISION, GATE_ACT=gate_kw.pop("GATE_ACT"), BETA_ACT=beta_act)
+    # with the l2norm fused in, the rows' inverse norms and the normalised rows (the prep kernel's), which the
+    # later kernels read in place of q and k
+    rq, rk = (torch.empty(ntok, H, **f32) for _ in range(2)) if l2norm_qk else (None, None)
+    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm_qk else (None, None)
+    q_rows, k_rows = (qn, kn) if l2norm_qk else (q, k)
     dims = dict(H=H, HV=HV, K=K, V=V, BT=BT)
     cu, idx, offs = cu_seqlens, index.indices, index.offsets  # all None when dense
 
@@ -487,9 +550,9 @@ def delta_chunk_bwd(
     tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning(), fp32=q.dtype == torch.float32)
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
-        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A, U_buf, dR_buf, dh_buf, cu, idx, **gate_kw,
+        q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A, U_buf, dR_buf, dh_buf, rq, rk, qn, kn, cu, idx, **gate_kw,
         scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None,
-        P_PRODUCT=tiles.prep_p_product, **dims, **flags, **launch)
+        P_PRODUCT=tiles.prep_p_product, L2NORM=l2norm_qk, **dims, **flags, **launch)
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
@@ -499,7 +562,7 @@ def delta_chunk_bwd(
     else:
         dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
-        k, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
+        k_rows, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
         cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
         **dims, **flags, **launch)
@@ -513,10 +576,13 @@ def delta_chunk_bwd(
           else torch.empty_like(g_in, dtype=torch.float32) if gate is not None else torch.empty_like(g_in))
     dg_a = torch.empty_like(dg) if gate is not None else dg  # the A_log term of each gate gradient
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
-        q, k, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
+        q_rows, k_rows, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
         scale=scale, T=T, NT=nt, NTOK=ntok,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column,
         CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, **launch)
+
+    if l2norm_qk:
+        dq, dk = _l2norm_rows_grad(dq, q, rq), _l2norm_rows_grad(dk, k, rk)
 
     def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return part.sum(0).view(lead).to(like.dtype)

@@ -409,6 +409,13 @@ def load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY: tl.constexpr, A_log, d
 
 
 @triton.jit
+def inverse_norm(sum_squares):
+    """``1 / sqrt(sum_squares + eps)``: the scale of a row of q or k under the l2norm (fla's
+    ``use_qk_l2norm_in_kernel``), from the sum of its squares."""
+    return 1.0 / tl.sqrt(sum_squares + L2NORM_EPS_C)
+
+
+@triton.jit
 def _masked_exp(x, mask):
     """exp(x) where ``mask``, 0 elsewhere, without evaluating exp on masked-out (possibly huge) x."""
     return tl.exp(tl.where(mask, x, float("-inf")))

@@ -51,7 +51,6 @@ from lamina.kernels.delta_chunk_common import (
     DEFAULT_CHUNK_SIZE,
     DOT_PRECISION,
     GATE_SCALAR,
-    L2NORM_EPS_C,
     MIN_BLOCK,
     STATE_BLOCK_K,
     SUB_BLOCK_C,
@@ -75,6 +74,7 @@ from lamina.kernels.delta_chunk_common import (
     gate_kernel_args,
     gate_kind,
     has_warpgroup_mma,
+    inverse_norm,
     key_blocks,
     load_gate,
     seq_bounds,
@@ -256,7 +256,7 @@ def _store_inverse_norms(x, dst, tok0, o_t, m_t, i_h, H: tl.constexpr, K: tl.con
         m = m_t[:, None] & (o_k < K)[None, :]
         b_x = tl.load(_row_ptrs(x, tok0, o_t, i_h, H, K, o_k), mask=m, other=0.0).to(tl.float32)
         b_ss += tl.sum(b_x * b_x, 1)
-    tl.store(_vec_ptrs(dst, tok0, o_t, i_h, H), 1.0 / tl.sqrt(b_ss + L2NORM_EPS_C), mask=m_t)
+    tl.store(_vec_ptrs(dst, tok0, o_t, i_h, H), inverse_norm(b_ss), mask=m_t)
 
 
 @triton.jit

@@ -9,9 +9,9 @@ Two grids of (K = V, activation dtype):
   512 (the widest, whose reverse scan keeps dH in memory), bf16; the speed alternatives of
   ``delta_tuning`` and the kernels with the gate activation fused in (``GATE_ROW``; with the beta sigmoid,
   ``BETA_ROW``, where the variant's beta is a scalar) at K = 128, as non-default rows on
-  ``ALTERNATIVE_ARCHS``; and the forward's kernels with the l2norm of q and k fused in (``L2NORM_ROW``) at
-  K = 128, non-default rows with the default blocks of the targets that fuse it (``L2NORM_ARCHS``; the
-  layers run them).
+  ``ALTERNATIVE_ARCHS``; and the forward's and backward's kernels with the l2norm of q and k fused in
+  (``L2NORM_ROW``; the backward's with the gate activation and beta sigmoid too, as the layers run them) at
+  K = 128, non-default rows with the default blocks of the targets that fuse it (``L2NORM_ARCHS``).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -296,6 +296,13 @@ def _register_bwd(K: int, dtype: str, alternatives: bool) -> None:
                 gated = {(*blocks, *fused_c.items()): [a for a in archs if a in ALTERNATIVE_ARCHS]
                          for blocks, archs in per_arch.items()}
                 rows.append(({blocks: archs for blocks, archs in gated.items() if archs}, fused_suffix, False, True))
+            if alternatives and "L2NORM" in raw_jit(fn).arg_names:
+                # the l2norm of q and k fused in too, as the layers run it, where the ops fuse it (the later kernels
+                # read the normalised rows the prep kernel stores, as they read q and k otherwise)
+                normed = {(*blocks, *fused_c.items(), ("L2NORM", True)): [a for a in archs if a in L2NORM_ARCHS]
+                          for blocks, archs in per_arch.items()}
+                rows.append(({blocks: archs for blocks, archs in normed.items() if archs},
+                             f" {L2NORM_ROW}{fused_suffix}", False, True))
             for blocks_archs, suffix, default, always_archs in rows:
                 _register_bwd_blocks(fn, variant, K, V, dtype, decay, erase, write, blocks_archs, suffix, default,
                                      always_archs)
@@ -316,12 +323,18 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
                          per_arch: dict[tuple, list[int]], suffix: str, default: bool, always_archs: bool) -> None:
     """One report row per distinct set of blocks in ``per_arch`` (blocks -> the targets that run them)."""
     jit = raw_jit(fn)
-    signature = _bwd_signature(fn, dtype, decay, erase, write)
     for blocks, archs in per_arch.items():
+        # with L2NORM, the rows' inverse norms (float32) and the normalised rows (the activations' dtype); else None
+        norms = {name: ty for name, ty in (("rq", "*fp32"), ("rk", "*fp32"), ("qn", f"*{dtype}"), ("kn", f"*{dtype}"))
+                 if name in jit.arg_names}
+        l2norm = dict(blocks).get("L2NORM", False)
+        signature = {**_bwd_signature(fn, dtype, decay, erase, write), **(norms if l2norm else {})}
         constexprs = {**dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
                              IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, GATE_ACT=GateAct.NONE,
                              BETA_ACT=BetaAct.NONE),
-                      **dict(blocks), **{name: None for name in _DENSE_NONE if name in jit.arg_names}}
+                      **({"L2NORM": False} if "L2NORM" in jit.arg_names else {}),
+                      **dict(blocks), **{name: None for name in _DENSE_NONE if name in jit.arg_names},
+                      **({} if l2norm else dict.fromkeys(norms))}
         label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
         label += " by_column" if dict(blocks).get("BY_COLUMN") else ""
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so

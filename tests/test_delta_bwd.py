@@ -294,8 +294,8 @@ def test_bwd_report_matches_launch():
     import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.kernels.delta_report  # noqa: F401 - registers the family's rows
     from lamina.kernels._utils import registered_aot
-    from lamina.kernels.delta_chunk_common import BetaAct, GateAct, GateKind
-    from lamina.kernels.delta_report import BETA_ROW, GATE_ROW
+    from lamina.kernels.delta_chunk_common import BetaAct, DecayKind, GateAct, GateKind
+    from lamina.kernels.delta_report import BETA_ROW, GATE_ROW, L2NORM_ARCHS, L2NORM_ROW
     from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES
 
     specs = [s for s in registered_aot() if s.name.startswith("_delta_chunk_bwd_")]
@@ -315,7 +315,18 @@ def test_bwd_report_matches_launch():
         sigmoid = gated and c["ERASE"] == GateKind.SCALAR
         assert spec.config.endswith(BETA_ROW) == sigmoid, spec.config
         assert c["BETA_ACT"] == (BetaAct.SIGMOID if sigmoid else BetaAct.NONE), spec.config
-        if gated:
+        # the l2norm of q and k fused in (with the gate activation and beta sigmoid where the variant has them)
+        normed = L2NORM_ROW in spec.config
+        assert c.get("L2NORM", False) == normed, spec.config
+        if normed:
+            assert spec.config.endswith((f" {L2NORM_ROW}", f" {L2NORM_ROW} {GATE_ROW}",
+                                         f" {L2NORM_ROW} {GATE_ROW} {BETA_ROW}")), spec.config
+            assert gated == (c["DECAY"] != DecayKind.NONE), spec.config
+            assert not spec.default and set(spec.meta["archs"]) <= set(L2NORM_ARCHS), spec.config
+            assert all(spec.signature[n] == "*fp32" for n in ("rq", "rk") if n in spec.signature), spec.config
+            assert spec.signature.get("kn", spec.signature["k"]) == spec.signature["k"], spec.config
+            assert spec.signature.get("qn", spec.signature["q"]) == spec.signature["q"], spec.config
+        elif gated:
             assert not spec.default and set(spec.meta["archs"]) <= set(ALTERNATIVE_ARCHS), spec.config
         elif not spec.default:
             named = [t for t in ALTERNATIVES if spec.config.endswith(" " + t.label())]
@@ -337,6 +348,8 @@ def test_bwd_report_matches_launch():
                 covered.add((spec.name, c["DECAY"], c["ERASE"], arch, c["K"]))
     assert len(covered) == 3 * 4 * 2 * 2, "every kernel, variant and target has a default at K = 128 and 512"
     assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"
+    normed = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs.get("L2NORM")}
+    assert len(normed) == 4, "the prep kernel of every variant has a row with the l2norm fused in"
     dots = {(s.name, s.constexprs["ERASE"]) for s in specs if s.config.endswith(" channel_dots=True")}
     assert len(dots) == 2 * 2, "the prep and dqk kernels of KDA and GDN-2 have rows with the tensor-core products"
     gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs["GATE_ACT"]}

@@ -48,21 +48,26 @@ def test_gate_formulas_match_fla():
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("op, backend, grad, forward_norms, backward_norms", [
-    ("chunk", "triton", False, 0, 0), ("chunk", "triton", True, 0, 2), ("recurrent", "triton", True, 2, 0),
+@pytest.mark.parametrize("op, backend, grad, forward_norms, norm_grads", [
+    ("chunk", "triton", False, 0, 0), ("chunk", "triton", True, 0, 2), ("recurrent", "triton", True, 2, 2),
     ("chunk", "torch", True, 0, 0)])
-def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms, backward_norms):
+def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms, norm_grads):
     """use_qk_l2norm_in_kernel: the chunked Triton forward normalises q and k inside its kernels (launched with
-    L2NORM, no L2-norm kernel), and its backward runs the L2-norm kernel once each on q and k (then its
-    backward); the token-by-token path with gradients runs it before the kernels, the torch path never. The
-    results (against fla's references and float64) are checked by the tests that use the option."""
+    L2NORM, no L2-norm kernel), and so does its backward (the raw rows, l2norm_qk), which then runs the L2-norm
+    kernel's backward once each on dq and dk; the token-by-token path with gradients runs the L2-norm kernel
+    before its kernels (and its backward through autograd), the torch path never. The results (against fla's
+    references and float64) are checked by the tests that use the option."""
+    import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.kernels.delta_chunk_fwd as fwd
     import lamina.kernels.rms_norm_gated as norm_kernels
 
-    norms, backward_norms_run, fused = [], [], []
-    real, real_bwd, prep = norm_kernels.rms_norm_fwd, norm_kernels.rms_norm_bwd, fwd._prep_fwd
+    norms, norm_grads_run, fused, fused_bwd = [], [], [], []
+    real, real_bwd, prep, launch_bwd = norm_kernels.rms_norm_fwd, norm_kernels.rms_norm_bwd, fwd._prep_fwd, \
+        bwd.delta_chunk_bwd
     monkeypatch.setattr(norm_kernels, "rms_norm_fwd", lambda *a: norms.append(a[-1]) or real(*a))
-    monkeypatch.setattr(norm_kernels, "rms_norm_bwd", lambda *a: backward_norms_run.append(a[-1]) or real_bwd(*a))
+    monkeypatch.setattr(norm_kernels, "rms_norm_bwd", lambda *a: norm_grads_run.append(a[-1]) or real_bwd(*a))
+    monkeypatch.setattr(bwd, "delta_chunk_bwd",
+                        lambda *a, **kw: fused_bwd.append(kw["l2norm_qk"]) or launch_bwd(*a, **kw))
 
     class Spy:
         def __getitem__(self, grid):
@@ -79,8 +84,11 @@ def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms,
         norms.clear()
         fused.clear()
         o.sum().backward()
-        assert norms == ["l2"] * backward_norms and backward_norms_run == ["l2"] * (backward_norms or forward_norms)
-        # the backward recomputes the token-by-token path's states with the chunked forward, on normalised rows
+        assert norms == [] and norm_grads_run == ["l2"] * norm_grads
+        # the backward's kernels take the raw rows on the chunked path; the token-by-token path's backward
+        # recomputes its states with the chunked forward, on the rows it normalised
+        assert fused_bwd == ([True] if op == "chunk" and backend == "triton" else [False] if backend == "triton"
+                             else [])
         assert fused == ([] if op == "chunk" else [False])
 
 

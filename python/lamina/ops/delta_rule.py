@@ -36,8 +36,9 @@ backward, and the backward returns the gradients of the raw gate, ``A_log`` and 
 or ``cp_context``, and on the torch path, it is applied with PyTorch ops in float32 first, as below).
 ``use_qk_l2norm_in_kernel`` is fused into the chunked Triton forward on Hopper (and under the interpreter):
 its kernels take the rows' inverse norms and scale the rows of q and k they load by them, without a pass of
-their own (fla runs its l2norm kernel over q and k before its chunked ones); the backward forms the
-normalised rows with ``lamina.l2_norm``'s kernel and takes their gradients back through its backward. On
+their own (fla runs its l2norm kernel over q and k before its chunked ones); so do the backward's kernels (the
+first stores the normalised rows for the others), and ``lamina.l2_norm``'s backward takes dq and dk back to the
+raw rows (one pass). On
 other GPUs (``kernels.delta_chunk_common.l2norm_in_kernels``), on the token-by-token path (with gradients),
 with ``cp_context`` and on the torch path ``lamina.l2_norm`` runs on q and k first (PyTorch ops with
 ``backend="torch"``), computed in float32. ``use_beta_sigmoid_in_kernel`` (with ``allow_neg_eigval``) is

@@ -288,52 +288,29 @@ def _bwd_op(q, k, v, g, b, w, scale, initial_state, h, solve, do, dht, cu_seqlen
     """(dq, dk, dv, dg or [0], db, dw, dinitial_state or [0], dA_log or [0], ddt_bias or [0]); ``dv_new``:
     gradient of the returned writes; with ``gate_in_kernel`` ``dg`` is the raw gate input's gradient.
 
-    ``l2norm_qk``: the forward normalised the raw q and k inside its kernels. The backward's kernels take the
-    normalised rows: the L2-norm kernel forms them (one pass over q and k, keeping each row's inverse norm),
-    and its backward takes dq and dk back to the raw rows. So training runs the passes fla's l2norm runs, in
-    the backward instead of the forward, and nothing but the raw q and k is kept between the two.
+    ``l2norm_qk``: the forward normalised the raw q and k inside its kernels, and so do the backward's: its first
+    kernel forms the rows' inverse norms on its way through them, scales the rows it loads and stores the
+    normalised rows for the later kernels. The L2-norm kernel's backward
+    then takes dq and dk back to the raw rows (one pass; fla runs its l2norm's forward pass too, before its
+    kernels). Nothing but the raw q and k is kept between forward and backward.
     ``beta_act``: ``b`` and ``w`` are the raw scalar beta; ``db`` and ``dw`` are its gradients (the kernels take
     the activation's derivative where they store them)."""
     from lamina.kernels.delta_chunk_bwd import delta_chunk_bwd
     from lamina.kernels.delta_chunk_fwd import delta_chunk_fwd
 
     gate = _gate_input(gate_in_kernel, A_log, dt_bias, lower_bound)
-    if l2norm_qk:
-        raw_q, raw_k = q, k
-        (q, rstd_q), (k, rstd_k) = _l2norm_rows(q), _l2norm_rows(k)
     if _none_if_empty(h) is None:  # token-by-token forward or recompute_states: the states and inverses again
         _, _, h, _, solve = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, False, cu_seqlens,
-                                            chunk_size=chunk_size, save_states=True, gate=gate, beta_act=beta_act)
+                                            chunk_size=chunk_size, save_states=True, gate=gate, beta_act=beta_act,
+                                            l2norm_qk=l2norm_qk)
     dq, dk, dv, dg, db, dw, dh0, *dgate = delta_chunk_bwd(q, k, v, g, b, w, scale, initial_state, h, solve,
                                                           do.contiguous(), dht, cu_seqlens, chunk_size, dv_new=dv_new,
-                                                          gate=gate, beta_act=beta_act)
-    if l2norm_qk:
-        dq, dk = _l2norm_rows_grad(dq, raw_q, rstd_q), _l2norm_rows_grad(dk, raw_k, rstd_k)
+                                                          gate=gate, beta_act=beta_act, l2norm_qk=l2norm_qk)
     empty = q.new_zeros(0, dtype=torch.float32)
     dA_log, ddt_bias = dgate or (None, None)
     return (dq, dk, dv, empty if dg is None else dg, db, dw,
             empty.clone() if (dh0 is None or initial_state is None) else dh0,
             empty.clone() if dA_log is None else dA_log, empty.clone() if ddt_bias is None else ddt_bias)
-
-
-def _l2norm_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x's rows l2-normalised, in x's dtype; their inverse norms, float32), by the L2-norm kernel."""
-    from lamina.kernels.rms_norm_gated import rms_norm_fwd
-
-    y, rstd, _ = rms_norm_fwd(x.reshape(-1, x.shape[-1]).contiguous(), None, None, None, None, L2NORM_EPS, "none",
-                              None, "l2")
-    return y.view(x.shape), rstd
-
-
-def _l2norm_rows_grad(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
-    """The gradient of the raw rows ``x`` from that of ``_l2norm_rows(x)``'s rows, by the L2-norm kernel's
-    backward."""
-    from lamina.kernels.rms_norm_gated import rms_norm_bwd
-
-    width = x.shape[-1]
-    dx = rms_norm_bwd(dy.reshape(-1, width).contiguous(), None, x.reshape(-1, width).contiguous(), None, None, None,
-                      None, rstd, "none", "l2")[0]
-    return dx.view(x.shape)
 
 
 @_bwd_op.register_fake
