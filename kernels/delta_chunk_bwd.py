@@ -35,11 +35,12 @@ derivative before it is stored: the launcher's sums are then the raw beta's grad
 
 With the l2norm of q and k fused in (``L2NORM``, fla's ``use_qk_l2norm_in_kernel``) the prep kernel takes the
 raw rows: it sums their squares on its way through them for ``P`` (formed from the raw rows, then each entry
-times its row's and column's inverse norms), and stores the inverse norms (``rq``, ``rk``) and the normalised rows
-in the activations' dtype, which the rest of it and the later kernels read as they read q and k otherwise. (Scaling the raw rows where those kernels load them spilled on sm_90: GDN's 16-bit
-reverse scan at K = 128 under Triton 3.9, 1-21 STL whichever tiles took the scale, and GDN-2's fp32 dq/dk kernel
-under 3.6, 2 STL: they have no register to spare.) The kernels' ``dq`` and ``dk`` are the normalised rows'
-gradients; the launcher takes them to the raw rows with the L2-norm kernel's backward.
+times its row's and column's inverse norms), and stores the inverse norms (``rq``, ``rk``) and the normalised
+rows in the activations' dtype, which the rest of it and the later kernels read as they read q and k
+otherwise. (Scaling the raw rows where those kernels load them spilled on sm_90: GDN's 16-bit reverse scan at
+K = 128 under Triton 3.9, 1-21 STL whichever tiles took the scale, and GDN-2's fp32 dq/dk kernel under 3.6,
+2 STL: they have no register to spare.) The kernels' ``dq`` and ``dk`` are the normalised rows' gradients;
+the launcher takes them to the raw rows with the L2-norm kernel's backward.
 
 Kernels (no atomics anywhere, so two runs are bitwise equal):
 
@@ -68,8 +69,8 @@ reports is what runs.
 Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
 finite at any T. ``DeltaTuning.channel_dots`` forms the same intra-chunk products with tensor cores between
-16-row sub-blocks, every factor's exponent still ``<= 0``. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE) use matrix products with a ``[BT, BT]``
-decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
+16-row sub-blocks, every factor's exponent still ``<= 0``. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE)
+use matrix products with a ``[BT, BT]`` decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
 """
 
 from __future__ import annotations

@@ -202,9 +202,9 @@ def gated_col_grads_dots(dPT, dMT, Q, E, G, o_t, dK, SUB: tl.constexpr, DT: tl.c
         # rows of sub-block i - 1 against every row after it, split at its last row r
         r = i * SUB - 1
         g_r = row_of(G, o_t, r)[None, :]
-        after = (o_t > r)[:, None]
-        q_r = (Q * _masked_exp(G - g_r, after)).to(DT)
-        e_r = (E * _masked_exp(G - g_r, after)).to(DT)
+        right = _masked_exp(G - g_r, (o_t > r)[:, None])
+        q_r = (Q * right).to(DT)
+        e_r = (E * right).to(DT)
         pick = (block == i - 1)[:, None] & (o_t > r)[None, :]
         part = tl.dot(tl.where(pick, dPT, 0.0).to(DT), q_r, input_precision=DOT_PRECISION)
         part = tl.dot(tl.where(pick, dMT, 0.0).to(DT), e_r, part, input_precision=DOT_PRECISION)

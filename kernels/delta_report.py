@@ -191,7 +191,8 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
                 continue
             register_aot(AotSpec("delta_chunk_prep_fwd",
                                  label + (f" BK={bk} BV={bv}" if len(prep_archs) > 1 else "") + suffix,
-                                 _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **fused_c},
+                                 _delta_chunk_prep_fwd_kernel, l2_sig,
+                                 {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **fused_c},
                                  num_warps=8, num_stages=1, default=False,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig), "archs": archs}))
 

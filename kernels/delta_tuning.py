@@ -29,7 +29,8 @@ tested against the float64 reference under the interpreter):
   ``[chunks, HV, K, V]``, ``K / C`` times the size of fp32 values) and of the chunks' inverses ``A`` (fp32
   ``[B, T, HV, C]``). False: the forward saves both for the backward (the default); True: it saves neither
   and the backward runs the chunked forward again to recompute them first (less memory between forward
-  and backward, for one more forward; fla's own default). Read when the forward runs (under ``torch.compile``, when it is traced).
+  and backward, for one more forward; fla's own default). Read when the forward runs (under ``torch.compile``,
+  when it is traced).
 
 ``delta_tuning(**choices)`` sets them for the kernel launches inside a ``with`` block (process-wide: the
 benchmark sweep times each alternative this way); ``active_tuning()`` is what the launchers read, when
