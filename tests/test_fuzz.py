@@ -241,3 +241,28 @@ def test_layer_baseline_runs_the_naive_ops_and_matches_float64(monkeypatch, op, 
         with naive_delta_ops():
             ops.chunk_gated_delta_rule(x.view(2, 21, 2, 16), x.view(2, 21, 2, 16), x.view(2, 21, 2, 16),
                                        g=x.view(2, 21, 2, 16)[..., 0], beta=None, head_first=True)
+
+
+def _gradient_times(real, name: str, factor: float):
+    """``real`` with the gradient of its argument ``name`` multiplied by ``factor`` (values unchanged)."""
+    def op(*args, **kwargs):
+        x = kwargs[name]
+        kwargs[name] = x * factor - (x * (factor - 1)).detach()
+        return real(*args, **kwargs)
+
+    return op
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])
+@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
+def test_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, op, name):
+    """``A_log`` and ``dt_bias`` are compared at the root-sum-square of their terms (``reduction_scale``):
+    the case passes as drawn, and fails on the planted parameter once its gradient is 1% off."""
+    from lamina.fuzz.delta import check_delta
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(g=True, gate_in_kernel=True, dt_bias=True, lower_bound=None, gate_strength="moderate", grad=True)
+    check_delta(case)
+    monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), name, 1.01))
+    with pytest.raises(AssertionError, match=f"^d{name}: "):
+        check_delta(case)

@@ -27,6 +27,10 @@ FIXED = {
     "GatedDeltaNet-scale-invariant-db_proj.json": "float32 baseline for layers",
     # A per-token gate's gradient sums D terms: the floor is taken at their root-sum-square.
     "hrm_gated_update-per-token-dgate.json": "reduction_scale floor",
+    # dA_log sums one term per gate element; here it is 0.081 against a root-sum-square of 1.64 of its terms,
+    # and the bf16 kernels' error (0.0089) was 0.11 of the former. Compared at the latter as test_grads_all
+    # does (RMS error ratio 0.0054).
+    "chunk_kda-bf16-cancelling-dA_log.json": "reduction_scale floor for A_log and dt_bias",
     # PyTorch's CPU SDPA backward (fast exponential): dv up to ~8x plain float32's error, dq != 0 with
     # one key. Replaced on CPU by an exact blockwise backward (ops/prism_attention.py).
     "prism_attention-cpu-backward-dv.json": "exact CPU attention backward",
@@ -38,6 +42,12 @@ def test_every_saved_finding_is_listed():
     assert sorted(p.name for p in FINDINGS.glob("*.json")) == sorted(FIXED)
 
 
-@pytest.mark.parametrize("name", sorted(FIXED))
+def _marks(name: str) -> list:
+    """A case of the Triton kernels on CPU runs under the interpreter."""
+    case = load_case(FINDINGS / name)
+    return [pytest.mark.interpret] if case["backend"] == "triton" and case["device"] == "cpu" else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in sorted(FIXED)])
 def test_fixed_finding_passes(name):
     run_case(load_case(FINDINGS / name))

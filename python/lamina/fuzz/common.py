@@ -62,11 +62,13 @@ def backward(outputs: list[torch.Tensor], cotangents: list[torch.Tensor]) -> Non
 
 def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.Tensor | None],
                   kinds: dict[str, tuple[str, torch.dtype]],
-                  baselines: dict[str, torch.Tensor | None] | None = None) -> None:
+                  baselines: dict[str, torch.Tensor | None] | None = None,
+                  scales: dict[str, float] | None = None) -> None:
     """``d<name>`` of every input that requires grad against the oracle's; ``kinds[name]`` is
     ``(kind, dtype row)`` of the tolerance table; a gradient that is zero in exact math is compared at
-    ``gradient_scale`` of the call's reference gradients. ``baselines``: the inputs of a plain float32
-    run of the oracle, whose gradients serve as ``assert_close``'s ``baseline``."""
+    ``gradient_scale`` of the call's reference gradients, or at ``scales[name]`` where that is larger (a
+    parameter's ``reduction_scale``, which is 0 where every term is). ``baselines``: the inputs of a plain
+    float32 run of the oracle, whose gradients serve as ``assert_close``'s ``baseline``."""
     scale = gradient_scale([refs[n].grad for n, x in inputs.items() if x is not None and x.requires_grad])
     for name, x in inputs.items():
         if x is None or not x.requires_grad:
@@ -83,7 +85,8 @@ def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.
         if baselines is not None and baselines.get(name) is not None:
             base = baselines[name].grad
             base = torch.zeros_like(baselines[name]) if base is None else base
-        assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype, scale=scale, baseline=base)
+        assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype, scale=max(scale, (scales or {}).get(name, 0.0)),
+                     baseline=base)
 
 
 def float32_copies(inputs: dict[str, torch.Tensor | None], grad: bool) -> dict[str, torch.Tensor | None]:

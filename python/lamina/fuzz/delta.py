@@ -4,7 +4,8 @@ The fuzzer applies fla's input transforms (l2norm, gate activation, beta sigmoid
 itself, in float64, to the same rounded inputs the op gets, then calls
 ``lamina.reference.delta_rule_family_recurrent_ref``; outputs, final states and the gradient of
 every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
-compared with ``lamina.testing.assert_close`` (recurrence rows of the table).
+compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log`` and ``dt_bias``, which
+sum a term per gate element, relative to the root-sum-square of their terms).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from lamina.fuzz.common import DTYPES, Draw, as_ref, backward, compare_grads, float32_copies, leaf, offsets
 from lamina.fuzz.space import DELTA_SPECS
-from lamina.testing import assert_close
+from lamina.testing import assert_close, reduction_scale
 
 L2NORM_EPS = 1e-6  # fla's l2norm: x / sqrt(sum x^2 + eps)
 
@@ -28,12 +29,21 @@ def l2norm64(x: torch.Tensor) -> torch.Tensor:
 def gate64(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
            lower_bound: float | None) -> torch.Tensor:
     """fla's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, or with ``lower_bound``
-    ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``; A_log per head, dt_bias per head (and channel)."""
-    x = g if dt_bias is None else g + dt_bias.reshape(g.shape[2:])
-    a = A_log.reshape(-1, *([1] * (g.dim() - 3))).exp()
+    ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``; A_log per head, dt_bias per head (and channel),
+    either also accepted broadcast to ``g``'s shape (``_parameter_scales``)."""
+    x = g if dt_bias is None else g + _per_gate(dt_bias, g)
+    a = _per_gate(A_log, g).exp()
     if lower_bound is not None:
         return lower_bound * torch.sigmoid(a * x)
     return -a * F.softplus(x)
+
+
+def _per_gate(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A per-head (or per-head-and-channel) gate parameter shaped to broadcast against ``g``
+    ``[B, T, HV]`` or ``[B, T, HV, K]``; one already of ``g``'s shape as it is."""
+    if p.shape == g.shape:
+        return p
+    return p.reshape(g.shape[2], *([-1] if g.dim() == 4 else []))
 
 
 def beta64(beta: torch.Tensor, sigmoid: bool, neg_eigval: bool) -> torch.Tensor:
@@ -176,8 +186,9 @@ def check_delta(case: dict) -> None:
         do, dht = draw.cotangent(o.shape, o.dtype), draw.cotangent(ht_ref.shape, torch.float32)
         backward([o, ht], [do, dht])
         backward([o_ref, ht_ref if case["output_final_state"] else None], [do, dht])
+    scales = _parameter_scales(case, refs, cu_cpu, [do, dht]) if grad else {}
     try:
-        _compare(case, x, refs, (o, ht), (o_ref, ht_ref))
+        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales)
     except AssertionError:
         if dtype != torch.float32:
             raise
@@ -185,11 +196,27 @@ def check_delta(case: dict) -> None:
         o_b, ht_b = _oracle(case, base, cu_cpu, chunked=DELTA_SPECS[case["op"]].chunked)
         if grad:
             backward([o_b, ht_b if case["output_final_state"] else None], [do, dht])
-        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), base, (o_b, ht_b))
+        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales, base, (o_b, ht_b))
 
 
-def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, base: dict | None = None,
-             outs_base: tuple = (None, None)) -> None:
+def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
+    """``A_log`` and ``dt_bias`` sum one term per gate element (token, head, channel): their gradients are
+    compared relative to the root-sum-square of those terms (``lamina.testing.reduction_scale``, the
+    tolerance table's rule for a per-head or per-channel parameter). The terms are the float64 gradients
+    of the same parameters broadcast to the gate's shape, through the oracle once more."""
+    names = [n for n in ("A_log", "dt_bias") if refs[n] is not None and refs[n].requires_grad]
+    if not names:
+        return {}
+    g = refs["g"].detach()
+    full = {n: _per_gate(refs[n].detach(), g).expand(g.shape).clone().requires_grad_() for n in names}
+    r = {n: None if t is None else t.detach() for n, t in refs.items()} | full
+    o, ht = _oracle(case, r, cu)
+    backward([o, ht if case["output_final_state"] else None], cotangents)
+    return {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], g).shape)) for n in names}
+
+
+def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, scales: dict[str, float],
+             base: dict | None = None, outs_base: tuple = (None, None)) -> None:
     dtype = DTYPES[case["dtype"]]
     (o, ht), (o_ref, ht_ref), (o_b, ht_b) = outs, outs_ref, outs_base
     assert_close("o", o, o_ref, dtype=dtype, baseline=o_b)
@@ -200,4 +227,4 @@ def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, base
     elif ht is not None:
         raise AssertionError("final_state: returned with output_final_state=False")
     if case["grad"]:
-        compare_grads(x, refs, {name: ("recurrence", dtype) for name in x}, base)
+        compare_grads(x, refs, {name: ("recurrence", dtype) for name in x}, base, scales)
