@@ -1,7 +1,8 @@
 """Fuzz cases of lamina's layers at tiny sizes: the layer in the case dtype against a float64 copy
 of itself with the same weights, run on CPU through the PyTorch ops (``backend="torch"``, or
 PyTorch dispatch for the fla-compatible layers, which take no backend). Compared: the output, the
-input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table)."""
+input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table; the in-kernel
+gate's ``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from collections.abc import Iterator
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, pytorch_dispatch
-from lamina.fuzz.delta import _oracle
+from lamina.fuzz.delta import _oracle, _per_gate
 from lamina.fuzz.space import DELTA_SPECS
-from lamina.testing import assert_close, gradient_scale
+from lamina.testing import assert_close, gradient_scale, reduction_scale
 
 # Arguments of the delta-rule ops that the naive stand-ins below model; any other must keep its default.
 _MODELLED = {"q", "k", "v", "g", "gk", "beta", "b", "w", "A_log", "dt_bias", "scale", "initial_state",
@@ -72,19 +73,61 @@ def _naive_op(name: str, op):
     return call
 
 
+def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], terms: dict[str, list]):
+    """The naive stand-in for ``name`` with the in-kernel gate's ``A_log`` and ``dt_bias`` (the layer's
+    parameters in ``params``) replaced by leaves broadcast to the gate's shape; each leaf is recorded in
+    ``terms`` under the parameter's name, with the parameter's shape as the gate sees it."""
+    signature = inspect.signature(op)
+    naive = _naive_op(name, op)
+
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        a = bound.arguments
+        g = a.get("g")
+        for arg in ("A_log", "dt_bias"):
+            p = a.get(arg)
+            if p is None or g is None or not a.get("use_gate_in_kernel", False):
+                continue
+            owner = next((n for n, q in params.items() if q is p), None)
+            if owner is None:
+                continue
+            shaped = _per_gate(p.detach(), g)
+            a[arg] = shaped.expand(g.shape).clone().requires_grad_()
+            terms.setdefault(owner, []).append((a[arg], (1, 1, *shaped.shape)))
+        return naive(*bound.args, **bound.kwargs)
+
+    return call
+
+
 @contextlib.contextmanager
-def naive_delta_ops() -> Iterator[None]:
-    """Layers built inside this block run the naive stand-ins instead of lamina's delta-rule ops."""
+def naive_delta_ops(params: dict[str, torch.Tensor] | None = None,
+                    terms: dict[str, list] | None = None) -> Iterator[None]:
+    """Layers built inside this block run the naive stand-ins instead of lamina's delta-rule ops; with
+    ``params`` and ``terms``, the stand-ins of ``_broadcast_gate_parameters``."""
     import lamina.ops.delta_rule as ops
 
     saved = {name: getattr(ops, name) for name in DELTA_SPECS}
     try:
         for name, op in saved.items():
-            setattr(ops, name, _naive_op(name, op))
+            stand_in = _naive_op(name, op) if terms is None else _broadcast_gate_parameters(name, op, params, terms)
+            setattr(ops, name, stand_in)
         yield
     finally:
         for name, op in saved.items():
             setattr(ops, name, op)
+
+
+def _parameter_scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
+    """The in-kernel gate's ``A_log`` and ``dt_bias`` sum one term per gate element: their gradients are
+    compared relative to the root-sum-square of those terms (``lamina.testing.reduction_scale``), the
+    float64 gradients of the parameters broadcast to the gate's shape where the layer hands them to its
+    delta-rule op (a layer that forms the gate itself keeps the call's floor)."""
+    copy64 = copy.deepcopy(oracle)
+    terms: dict[str, list] = {}
+    with pytorch_dispatch(), naive_delta_ops(dict(copy64.named_parameters()), terms):
+        _forward(copy64, x_ref.detach()).backward(dy)
+    return {n: max((reduction_scale(t.grad, shape) for t, shape in uses if t.grad is not None), default=0.0)
+            for n, uses in terms.items()}
 
 
 def _forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -117,8 +160,9 @@ def check_layer(case: dict) -> None:
         with pytorch_dispatch():
             y_ref.backward(dy)
     ref_params = dict(oracle.named_parameters())
+    scales = _parameter_scales(oracle, x_ref, dy) if grad else {}
     try:
-        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype)
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales)
     except AssertionError:
         if dtype != torch.float32:
             raise
@@ -129,10 +173,10 @@ def check_layer(case: dict) -> None:
             y_b = _forward(plain, x_b)
             if grad:
                 y_b.backward(dy.float())
-        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, (x_b, y_b, dict(plain.named_parameters())))
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, (x_b, y_b, dict(plain.named_parameters())))
 
 
-def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, base=None) -> None:
+def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base=None) -> None:
     x_b, y_b, base_params = base if base is not None else (None, None, {})
     assert_close("y", y, y_ref, dtype=dtype, baseline=y_b)
     if x.grad is None and x_ref.grad is None:
@@ -146,4 +190,4 @@ def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, base=None) -> None:
                 raise AssertionError(f"d{name}: gradient present in only one of layer and float64 copy")
             continue
         b = base_params[name].grad if name in base_params else None
-        assert_close(f"d{name}", p.grad, ref, dtype=dtype, scale=scale, baseline=b)
+        assert_close(f"d{name}", p.grad, ref, dtype=dtype, scale=max(scale, scales.get(name, 0.0)), baseline=b)
