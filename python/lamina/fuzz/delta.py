@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lamina._delta_spec import DEFAULT_CHUNK_SIZE
 from lamina.fuzz.common import DTYPES, Draw, as_ref, backward, compare_grads, float32_copies, leaf, offsets
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, reduction_scale
@@ -169,7 +170,8 @@ def check_delta(case: dict) -> None:
 
     A float32 case that misses the table's bound is compared once more with a float32 baseline: the
     oracle's own math run plainly in float32 (``lamina.testing``, ``baseline``), the chunked form for
-    ``chunk_*``, the token loop for ``fused_recurrent_*``.
+    ``chunk_*``, the token loop for the outputs of ``fused_recurrent_*`` and the chunked form at the
+    default chunk size for their gradients (their backward is the chunked one).
     """
     dtype, device, grad = DTYPES[case["dtype"]], case["device"], case["grad"]
     draw = Draw(case["seed"])
@@ -193,9 +195,14 @@ def check_delta(case: dict) -> None:
         if dtype != torch.float32:
             raise
         base = float32_copies(x, grad)
-        o_b, ht_b = _oracle(case, base, cu_cpu, chunked=DELTA_SPECS[case["op"]].chunked)
+        chunked = DELTA_SPECS[case["op"]].chunked
+        o_b, ht_b = _oracle(case, base, cu_cpu, chunked=chunked)
         if grad:
-            backward([o_b, ht_b if case["output_final_state"] else None], [do, dht])
+            # the gradients of the token-by-token ops come from the chunked backward (at the default chunk
+            # size): their baseline is the chunked form's, as for the chunked ops
+            o_c, ht_c = (o_b, ht_b) if chunked else _oracle({**case, "chunk_size": DEFAULT_CHUNK_SIZE}, base,
+                                                             cu_cpu, chunked=True)
+            backward([o_c, ht_c if case["output_final_state"] else None], [do, dht])
         _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales, base, (o_b, ht_b))
 
 
