@@ -254,14 +254,16 @@ def _gradient_times(real, name: str, factor: float):
 
 
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])
-@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
+@pytest.mark.parametrize("name", ["A_log", "dt_bias", "beta"])
 def test_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, op, name):
-    """``A_log`` and ``dt_bias`` are compared at the root-sum-square of their terms (``reduction_scale``):
-    the case passes as drawn, and fails on the planted parameter once its gradient is 1% off."""
+    """``A_log``, ``dt_bias`` and ``beta`` are compared at the root-sum-square of their terms
+    (``reduction_scale``): the case passes as drawn, and fails on the planted input once its gradient is
+    1% off."""
     from lamina.fuzz.delta import check_delta
 
     case = space.draw_case(op, 7, 0, backend="torch")
-    case.update(g=True, gate_in_kernel=True, dt_bias=True, lower_bound=None, gate_strength="moderate", grad=True)
+    case.update(g=True, gate_in_kernel=True, dt_bias=True, lower_bound=None, gate_strength="moderate", grad=True,
+                beta=True)
     check_delta(case)
     monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), name, 1.01))
     with pytest.raises(AssertionError, match=f"^d{name}: "):

@@ -4,8 +4,8 @@ The fuzzer applies fla's input transforms (l2norm, gate activation, beta sigmoid
 itself, in float64, to the same rounded inputs the op gets, then calls
 ``lamina.reference.delta_rule_family_recurrent_ref``; outputs, final states and the gradient of
 every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
-compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log`` and ``dt_bias``, which
-sum a term per gate element, relative to the root-sum-square of their terms).
+compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log``, ``dt_bias`` and
+``beta``, which sum a term per gate element or per channel, relative to the root-sum-square of their terms).
 """
 
 from __future__ import annotations
@@ -134,9 +134,12 @@ def _call(case: dict, x: dict, cu: torch.Tensor | None):
     return getattr(lamina, case["op"])(**kw)
 
 
-def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False):
+def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
+            gates: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The op's map on the reference inputs ``r``: the token loop, or with ``chunked`` the plain chunked
-    form at the case's chunk size (the same math as the op's chunked path, for the float32 baseline)."""
+    form at the case's chunk size (the same math as the op's chunked path, for the float32 baseline).
+    ``gates``: beta's values as the erase and write gates apart (``[B, T, HV, K]``, ``[B, T, HV, V]``,
+    before the activation) in place of ``r["beta"]`` (``_parameter_scales``)."""
     from lamina.reference import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
 
     spec = DELTA_SPECS[case["op"]]
@@ -148,6 +151,8 @@ def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False)
         g = r["gk"] if g is None else g[..., None] + r["gk"]
     if spec.gates == "bw":
         erase, write = r["b"], r["w"]
+    elif gates is not None:
+        erase, write = (beta64(x, case["beta_sigmoid"], case["allow_neg_eigval"]) for x in gates)
     else:
         beta = r["beta"] if r["beta"] is not None else torch.ones(q.shape[:2] + (r["v"].shape[2],), dtype=q.dtype)
         erase = write = beta64(beta, case["beta_sigmoid"], case["allow_neg_eigval"])
@@ -207,19 +212,37 @@ def check_delta(case: dict) -> None:
 
 
 def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
-    """``A_log`` and ``dt_bias`` sum one term per gate element (token, head, channel): their gradients are
-    compared relative to the root-sum-square of those terms (``lamina.testing.reduction_scale``, the
-    tolerance table's rule for a per-head or per-channel parameter). The terms are the float64 gradients
-    of the same parameters broadcast to the gate's shape, through the oracle once more."""
+    """Gradients that sum many terms, compared relative to the root-sum-square of those terms
+    (``lamina.testing.reduction_scale``, the tolerance table's rule for a per-head parameter or a
+    per-token gate):
+
+    * ``A_log`` and ``dt_bias`` sum one term per gate element (token, head, channel);
+    * ``beta`` (one per token and head) one per key channel, where it erases, and one per value channel,
+      where it writes.
+
+    The terms are the float64 gradients of the same values broadcast to those shapes, through the
+    oracle once more."""
     names = [n for n in ("A_log", "dt_bias") if refs[n] is not None and refs[n].requires_grad]
-    if not names:
+    beta = refs["beta"]
+    per_token = beta is not None and beta.requires_grad
+    if not names and not per_token:
         return {}
-    g = refs["g"].detach()
-    full = {n: _per_gate(refs[n].detach(), g).expand(g.shape).clone().requires_grad_() for n in names}
-    r = {n: None if t is None else t.detach() for n, t in refs.items()} | full
-    o, ht = _oracle(case, r, cu)
+    r = {n: None if t is None else t.detach() for n, t in refs.items()}
+    full = {}
+    if names:
+        g = r["g"]
+        full = {n: _per_gate(r[n], g).expand(g.shape).clone().requires_grad_() for n in names}
+    gates = None
+    if per_token:
+        widths = (r["k"].shape[-1], r["v"].shape[-1])
+        gates = tuple(r["beta"][..., None].expand(*beta.shape, n).clone().requires_grad_() for n in widths)
+    o, ht = _oracle(case, r | full, cu, gates=gates)
     backward([o, ht if case["output_final_state"] else None], cotangents)
-    return {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], g).shape)) for n in names}
+    scales = {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], r["g"]).shape)) for n in names}
+    if gates is not None:
+        terms = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in gates], dim=-1)
+        scales["beta"] = reduction_scale(terms, (*beta.shape, 1))
+    return scales
 
 
 def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, scales: dict[str, float],
