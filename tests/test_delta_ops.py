@@ -507,9 +507,12 @@ def test_triton_path_rejects_float64():
         lamina.chunk_delta_rule(q, q, torch.randn(B, 4, HV, 16), torch.rand(B, 4, HV), backend="triton")
 
 
-def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int, **kwargs) -> None:
+def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int, heads: tuple[int, int] = (H, HV),
+                                   **kwargs) -> None:
     """The Triton path through the op's autograd (``kwargs`` to the op), output, final state and every
-    gradient against autograd through the float64 torch path, on the same inputs."""
+    gradient against autograd through the float64 torch path, on the same inputs; ``heads``: (q/k heads,
+    value heads)."""
+    H, HV = heads
     q, k = rand(B, t, H, k_dim, seed=40), rand(B, t, H, k_dim, seed=41)
     v = rand(B, t, HV, v_dim, seed=42)
     g = -torch.rand(B, t, HV, k_dim, generator=torch.Generator().manual_seed(43))
@@ -538,8 +541,9 @@ def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int,
 @pytest.mark.interpret
 @pytest.mark.parametrize("variant", ["delta", "gdn2"])
 def test_training_with_keys_of_512(variant):
-    """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan)."""
-    check_training_against_float64(variant, 20, 512, 16, chunk_size=16)
+    """K = 512 through the op's autograd (forward kernels saving states, the backward's in-memory scan), two
+    value heads sharing one q/k head."""
+    check_training_against_float64(variant, 20, 512, 16, heads=(1, 2), chunk_size=16)
 
 
 @pytest.mark.parametrize("device_type,dtype,needs_grad,backend,expected", [
