@@ -14,31 +14,49 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(code_or_args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _run(code_or_args: list[str], timeout: int = 900, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env_extra
     env["PYTHONPATH"] = str(ROOT / "tests" / "data") + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.versions
-def test_report_detects_spills_and_hgmma():
+def test_report_detects_spills_and_hgmma(tmp_path):
+    """Each row twice, in an empty Triton cache: first from ptxas's log (where it shows no stack frame), then,
+    the cubin cached, from the cubin's resource usage and disassembly; both reads agree."""
     code = textwrap.dedent("""
         import json
         from dataclasses import asdict
         from lamina.info import compile_spec
         import aot_demo_kernels as d
-        rows = [compile_spec(d.FITS, 90), compile_spec(d.SPILLS, 90), compile_spec(d.FITS, 80)]
-        print(json.dumps([{**asdict(r), "problems": r.problems()} for r in rows]))
+        specs = [(d.FITS, 90), (d.SPILLS, 90), (d.FITS, 80)]
+        for _ in range(2):
+            rows = [compile_spec(spec, arch) for spec, arch in specs]
+            print(json.dumps([{**asdict(r), "seconds": 0, "problems": r.problems()} for r in rows]))
     """)
-    proc = _run(["-c", code])
+    proc = _run(["-c", code], TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     assert proc.returncode == 0, proc.stderr
-    fits, spills, fits80 = json.loads(proc.stdout.strip().splitlines()[-1])
+    from_log, from_cubin = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert from_log == from_cubin
+    fits, spills, fits80 = from_log
     assert fits["problems"] == [] and fits["hgmma"] and fits["spill_stores"] == 0
     assert fits["registers"] > 0 and fits["shared_bytes"] > 0
-    assert spills["spill_stores"] > 0
+    assert spills["spill_stores"] > 0 and spills["stack_bytes"] > 0
     assert any("spills" in p for p in spills["problems"])
-    assert fits80["problems"] == [] and fits80["arch"] == 80
+    assert fits80["problems"] == [] and fits80["arch"] == 80 and not fits80["hgmma"]
+
+
+def test_ptxas_log_is_read_in_both_forms():
+    from lamina.info import _parse_ptxas_log
+
+    for tool in ("ptxas", "ptxas-blackwell"):  # Triton 3.6's and 3.9's
+        log = (f"{tool} info    : Compiling entry function 'k' for 'sm_90a'\n"
+               f"{tool} info    : Function properties for k\n"
+               "    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+               f"{tool} info    : Used 255 registers, used 1 barriers\n")
+        assert _parse_ptxas_log(log) == (255, 16)
+    assert _parse_ptxas_log("") is None
 
 
 # The SM versions to compile for: lamina info's default (sm_90 and sm_80) unless LAMINA_STATIC_REPORT_ARCHS

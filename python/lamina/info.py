@@ -1,16 +1,18 @@
 """``lamina info``: versions, devices and backends; ``lamina info --kernels``: the static kernel report.
 
 The static report compiles every registered Triton kernel configuration ahead of
-time (no GPU needed) for sm_90 and sm_80 and reads the cubin with the tools that
-ship in triton's wheel: registers, stack and spill stores (``STL``), shared memory,
-and whether Hopper's warpgroup tensor-core instructions (``HGMMA``) are used.
+time (no GPU needed) for sm_90 and sm_80 and reads ptxas's log, or the cubin with the
+tools that ship in triton's wheel: registers, stack and spill stores (``STL``), shared
+memory, and whether Hopper's warpgroup tensor-core instructions (``HGMMA``) are used.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,12 +94,58 @@ def _parse_resource_usage(text: str) -> tuple[int, int]:
     return (int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1)
 
 
+def _parse_ptxas_log(text: str) -> tuple[int, int] | None:
+    """``(registers, stack frame bytes)`` from ptxas's ``-v`` log of one kernel, or None without one (the
+    cubin came from Triton's cache, or the log is not in the form this reads)."""
+    regs = re.search(r"Used (\d+) registers", text)
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if regs is None or frame is None:
+        return None
+    return int(regs.group(1)), int(frame.group(1))
+
+
+@contextlib.contextmanager
+def _ptxas_log_on_stdout() -> Iterator[None]:
+    """Triton prints ptxas's ``-v`` log (which it always asks for) to stdout inside this block."""
+    from triton import knobs
+
+    old = knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        yield
+    finally:
+        knobs.nvidia.dump_ptxas_log = old
+
+
 def _compile_one(index: int, arch: int) -> KernelReport:
     return compile_spec(_load_registry()[index], arch)
 
 
+def _read_cubin(report: KernelReport, cubin: bytes) -> None:
+    """Registers and stack (``cuobjdump``), STL/LDL and HGMMA (``nvdisasm``) of a cubin into ``report``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run(
+            [_nvidia_tool("cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [_nvidia_tool("nvdisasm"), "-c", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+    report.registers, report.stack_bytes = _parse_resource_usage(usage)
+    report.spill_stores = len(re.findall(r"\bSTL(\.\w+)*\b", sass))
+    report.spill_loads = len(re.findall(r"\bLDL(\.\w+)*\b", sass))
+    report.hgmma = "HGMMA" in sass
+
+
 def compile_spec(spec, arch: int) -> KernelReport:
-    """Compile one ``AotSpec`` for ``sm_<arch>`` and read its resource usage from the cubin."""
+    """Compile one ``AotSpec`` for ``sm_<arch>`` and read its resource usage.
+
+    Where ptxas ran and its log shows no stack frame, there is no local memory, so no spill
+    instruction (STL/LDL): registers come from the log and HGMMA from the PTX's warpgroup products.
+    Otherwise (a stack frame, or a cubin from Triton's cache, which comes without a log) the cubin is
+    read: its resource usage (``cuobjdump``) and its disassembly (``nvdisasm``), where STL/LDL and HGMMA
+    are counted."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -110,26 +159,21 @@ def compile_spec(spec, arch: int) -> KernelReport:
         report.module = getattr(fn, "__module__", "") or getattr(getattr(fn, "fn", None), "__module__", "")
         # meta["attrs"]: argument specialisations (e.g. 16-divisible pointers/strides) the runtime would apply.
         src = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.meta.get("attrs"))
-        compiled = triton.compile(
-            src,
-            target=GPUTarget("cuda", arch, WARP_SIZE),
-            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
-        )
+        log = io.StringIO()
+        with _ptxas_log_on_stdout(), contextlib.redirect_stdout(log):
+            compiled = triton.compile(
+                src,
+                target=GPUTarget("cuda", arch, WARP_SIZE),
+                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+            )
         report.shared_bytes = int(compiled.metadata.shared)
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = Path(tmp) / "k.cubin"
-            cubin.write_bytes(compiled.asm["cubin"])
-            usage = subprocess.run(
-                [_nvidia_tool("cuobjdump"), "--dump-resource-usage", str(cubin)],
-                capture_output=True, text=True, check=True,
-            ).stdout
-            sass = subprocess.run(
-                [_nvidia_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True
-            ).stdout
-        report.registers, report.stack_bytes = _parse_resource_usage(usage)
-        report.spill_stores = len(re.findall(r"\bSTL(\.\w+)*\b", sass))
-        report.spill_loads = len(re.findall(r"\bLDL(\.\w+)*\b", sass))
-        report.hgmma = "HGMMA" in sass
+        usage = _parse_ptxas_log(log.getvalue())
+        if usage is not None and usage[1] == 0:
+            report.registers, report.stack_bytes = usage
+            report.spill_stores = report.spill_loads = 0
+            report.hgmma = "wgmma.mma_async" in compiled.asm["ptx"]
+        else:
+            _read_cubin(report, compiled.asm["cubin"])
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the report
         report.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
     report.seconds = round(time.perf_counter() - started, 2)
