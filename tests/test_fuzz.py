@@ -270,6 +270,25 @@ def test_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, op, na
         check_delta(case)
 
 
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])
+@pytest.mark.parametrize("name", ["q", "k"])
+def test_shared_query_key_gradients_off_by_three_bounds_are_found(monkeypatch, op, name):
+    """With two value heads per q/k head, ``q`` and ``k`` are compared at the RMS of their terms'
+    root-sum-squares over the value heads (``reduction_scale(rms=True)``), which without cancellation is
+    their own RMS: a float32 case passes as drawn, and fails once the gradient is off by three times the
+    table's RMS bound."""
+    from lamina.fuzz.delta import check_delta
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(H=2, ratio=2, B=1, T=33, lens=None, grad=True)
+    check_delta(case)
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+    monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), name, factor))
+    with pytest.raises(AssertionError, match=f"^d{name}: RMS error ratio"):
+        check_delta(case)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", ["A_log", "dt_bias"])
 def test_layer_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, name):

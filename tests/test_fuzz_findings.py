@@ -42,6 +42,12 @@ FIXED = {
     # against a root-sum-square of 6.9, and the bf16 products' error 0.020 was 0.039 of the former (0.0029 of
     # the latter). beta is compared at its terms' root-sum-square, as a per-token gate.
     "chunk_kda-bf16-one-token-dbeta.json": "reduction_scale floor for beta",
+    # Two value heads read one q/k head (GVA) and their terms of dq (dk) cancel: at T = 1, dq's RMS is 0.0035
+    # against 0.025 for its two terms' root-sum-square (dk's 3.2e-4 against 3.7e-3), and the bf16 products'
+    # error was 0.027 (0.088) of the former, 0.0037 (0.0077) of the latter. q and k are compared at the RMS
+    # of their terms' root-sum-squares over the value heads.
+    "chunk_kda-bf16-gva-one-token-dq.json": "reduction_scale floor for q and k over value heads",
+    "chunk_kda-bf16-gva-one-token-dk.json": "reduction_scale floor for q and k over value heads",
     # PyTorch's CPU SDPA backward (fast exponential): dv up to ~8x plain float32's error, dq != 0 with
     # one key. Replaced on CPU by an exact blockwise backward (ops/prism_attention.py).
     "prism_attention-cpu-backward-dv.json": "exact CPU attention backward",

@@ -139,6 +139,9 @@ def test_reduction_scale_is_the_largest_root_sum_square_of_the_terms():
     terms = torch.tensor([[3.0, -3.0], [4.0, 4.0]], dtype=torch.float64)  # column sums 7 and 1
     assert reduction_scale(terms, (1, 2)) == pytest.approx(5.0)
     assert reduction_scale(terms, (2, 1)) == pytest.approx(32 ** 0.5)
+    # rms: the RMS over the gradient's elements of their root-sum-squares (sqrt(18) and sqrt(32))
+    assert reduction_scale(terms, (2, 1), rms=True) == pytest.approx(5.0)
+    assert reduction_scale(torch.tensor([[3.0, float("nan")], [4.0, 1.0]]), (1, 2)) == pytest.approx(5.0)
     # a sum that cancels to ~0 is compared at the size of its terms: an error of 1e-7 of them passes,
     # an error of 1e-4 of them does not
     exact = terms.sum(0, keepdim=True) * 0

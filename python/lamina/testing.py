@@ -21,7 +21,10 @@ Two measures for results whose exact value is small next to the terms that make 
 * ``reduction_scale``: a gradient that sums many terms (a per-head or per-channel parameter, a
   per-token gate) is compared relative to the root-sum-square of its terms, the size the sum would
   have without cancellation; each term carrying relative error e gives the sum an error of about
-  e times that, so the bound asks of every term what it asks of any other gradient.
+  e times that, so the bound asks of every term what it asks of any other gradient. For a gradient
+  of many elements (``rms=True``: q's and k's, summed over the value heads that share them) the RMS of
+  the elements' root-sum-squares, the measure of the RMS check; without cancellation it is about the
+  gradient's own RMS, so only a cancelling sum is compared at its terms' size.
 * ``baseline`` (float32 recurrences): the FlashAttention rule carried over. Where the RMS-ratio row
   cannot hold because the problem itself is ill-conditioned in float32 (a gradient that scale
   invariance makes nearly zero, a cancelling sum), the error may also be up to
@@ -95,18 +98,21 @@ def gradient_scale(references: list[torch.Tensor | None], peak: bool = False) ->
     return ZERO_GRADIENT_FRACTION * max(_rms(x) for x in finite)
 
 
-def reduction_scale(terms: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> float:
-    """The largest root-sum-square of the terms that sum to a gradient of ``shape``.
+def reduction_scale(terms: torch.Tensor, shape: torch.Size | tuple[int, ...], rms: bool = False) -> float:
+    """The largest root-sum-square of the terms that sum to a gradient of ``shape``; with ``rms``, the RMS
+    of the root-sum-squares over the gradient's elements (the size of the RMS error a gradient with many
+    elements may have, for the RMS check of ``assert_close``).
 
     ``terms`` holds every summand (e.g. the float64 gradient of a parameter broadcast to the full
     input shape), ``shape`` the gradient's shape (broadcastable from ``terms``). Pass the result as
     ``scale`` to ``assert_close``/``assert_attention_close``.
     """
     t = terms.detach().double()
-    t = t[torch.isfinite(t)] if not bool(torch.isfinite(t).all()) else t
+    t = torch.where(torch.isfinite(t), t, 0.0)
     if t.numel() == 0:
         return 0.0
-    return t.pow(2).sum_to_size(shape).sqrt().max().item()
+    squares = t.pow(2).sum_to_size(shape)
+    return squares.mean().sqrt().item() if rms else squares.sqrt().max().item()
 
 
 def _first_diff(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> str:

@@ -218,20 +218,26 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
 
     * ``A_log`` and ``dt_bias`` sum one term per gate element (token, head, channel);
     * ``beta`` (one per token and head) one per key channel, where it erases, and one per value channel,
-      where it writes.
+      where it writes;
+    * ``q`` and ``k`` with more value heads than query/key heads (GVA) one per value head that reads them,
+      at the RMS over their elements (``rms=True``): two heads' terms can cancel (16-bit, T = 1).
 
     The terms are the float64 gradients of the same values broadcast to those shapes, through the
     oracle once more."""
     names = [n for n in ("A_log", "dt_bias") if refs[n] is not None and refs[n].requires_grad]
     beta = refs["beta"]
     per_token = beta is not None and beta.requires_grad
-    if not names and not per_token:
+    group = case["ratio"]
+    shared = [n for n in ("q", "k") if group > 1 and refs[n].requires_grad]
+    if not names and not per_token and not shared:
         return {}
     r = {n: None if t is None else t.detach() for n, t in refs.items()}
     full = {}
     if names:
         g = r["g"]
         full = {n: _per_gate(r[n], g).expand(g.shape).clone().requires_grad_() for n in names}
+    # one copy of q and k per value head (the oracle then reads them as heads of their own)
+    full |= {n: r[n].repeat_interleave(group, dim=2).requires_grad_() for n in shared}
     gates = None
     if per_token:
         widths = (r["k"].shape[-1], r["v"].shape[-1])
@@ -239,6 +245,9 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     o, ht = _oracle(case, r | full, cu, gates=gates)
     backward([o, ht if case["output_final_state"] else None], cotangents)
     scales = {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], r["g"]).shape)) for n in names}
+    for n in shared:
+        B, T, H, K = refs[n].shape
+        scales[n] = reduction_scale(full[n].grad.view(B, T, H, group, K), (B, T, H, 1, K), rms=True)
     if gates is not None:
         terms = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in gates], dim=-1)
         scales["beta"] = reduction_scale(terms, (*beta.shape, 1))
