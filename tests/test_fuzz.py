@@ -289,6 +289,25 @@ def test_shared_query_key_gradients_off_by_three_bounds_are_found(monkeypatch, o
         check_delta(case)
 
 
+@pytest.mark.parametrize("op,gate_in_kernel", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
+                                               ("chunk_kda", True), ("fused_recurrent_gated_delta_rule", True)])
+def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_kernel):
+    """The log decay's inputs are compared at no less than the size of the terms the chunked backward sums
+    into their gradients (``q dq`` and ``k dk``), which is below their own RMS past one token: a float32
+    case passes as drawn, and fails once ``dg`` is off by three times the table's RMS bound."""
+    from lamina.fuzz.delta import check_delta
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(H=2, ratio=2, B=1, T=33, lens=None, grad=True, g=True, gk=False, gate_in_kernel=gate_in_kernel,
+                dt_bias=gate_in_kernel, lower_bound=None, gate_strength="moderate")
+    check_delta(case)
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+    monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), "g", factor))
+    with pytest.raises(AssertionError, match="^dg: RMS error ratio"):
+        check_delta(case)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", ["A_log", "dt_bias"])
 def test_layer_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, name):

@@ -48,6 +48,13 @@ FIXED = {
     # of their terms' root-sum-squares over the value heads.
     "chunk_kda-bf16-gva-one-token-dq.json": "reduction_scale floor for q and k over value heads",
     "chunk_kda-bf16-gva-one-token-dk.json": "reduction_scale floor for q and k over value heads",
+    # At one token without an initial state the log decay's gradient is 0 in exact math, and the chunked
+    # backward's float32 dg (dA_log, dt_bias) is the rounding of the terms it sums, q dq + E dE - k dk, which
+    # cancel: 3e-7 against terms of 1.7-5.2 (the call's floor was 1e-2 of its largest RMS, 0.009). Compared at
+    # those terms' size, each input's through its derivative of the log decay: ratios 5e-8 to 1.2e-7.
+    "chunk_gated_delta_rule-one-token-zero-dg.json": "reduction_scale floor for the decay's inputs",
+    "chunk_kda-one-token-zero-dA_log.json": "reduction_scale floor for the decay's inputs",
+    "fused_recurrent_gated_delta_rule-one-token-zero-dg.json": "reduction_scale floor for the decay's inputs",
     # PyTorch's CPU SDPA backward (fast exponential): dv up to ~8x plain float32's error, dq != 0 with
     # one key. Replaced on CPU by an exact blockwise backward (ops/prism_attention.py).
     "prism_attention-cpu-backward-dv.json": "exact CPU attention backward",

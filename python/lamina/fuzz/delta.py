@@ -134,6 +134,17 @@ def _call(case: dict, x: dict, cu: torch.Tensor | None):
     return getattr(lamina, case["op"])(**kw)
 
 
+def _log_decay(case: dict, r: dict) -> torch.Tensor | None:
+    """The log decay the oracle applies: ``g`` (through the in-kernel gate's activation) plus ``gk``, ``[B, T,
+    HV]`` or ``[B, T, HV, K]``. ``g`` may come already broadcast to ``gk``'s shape (``_decay_scales``)."""
+    g = r["g"]
+    if g is not None and case["gate_in_kernel"]:
+        g = gate64(g, r["A_log"], r["dt_bias"], case["lower_bound"])
+    if r["gk"] is not None:
+        g = r["gk"] if g is None else (g if g.dim() == r["gk"].dim() else g[..., None]) + r["gk"]
+    return g
+
+
 def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
             gates: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The op's map on the reference inputs ``r``: the token loop, or with ``chunked`` the plain chunked
@@ -144,11 +155,7 @@ def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
 
     spec = DELTA_SPECS[case["op"]]
     q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
-    g = r["g"]
-    if g is not None and case["gate_in_kernel"]:
-        g = gate64(g, r["A_log"], r["dt_bias"], case["lower_bound"])
-    if r["gk"] is not None:
-        g = r["gk"] if g is None else g[..., None] + r["gk"]
+    g = _log_decay(case, r)
     if spec.gates == "bw":
         erase, write = r["b"], r["w"]
     elif gates is not None:
@@ -229,7 +236,8 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     per_token = beta is not None and beta.requires_grad
     group = case["ratio"]
     shared = [n for n in ("q", "k") if group > 1 and refs[n].requires_grad]
-    if not names and not per_token and not shared:
+    decay = [n for n in _GATE_INPUTS if refs[n] is not None and refs[n].requires_grad]
+    if not names and not per_token and not shared and not decay:
         return {}
     r = {n: None if t is None else t.detach() for n, t in refs.items()}
     full = {}
@@ -251,7 +259,46 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     if gates is not None:
         terms = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in gates], dim=-1)
         scales["beta"] = reduction_scale(terms, (*beta.shape, 1))
+    if decay:
+        for n, value in _decay_scales(case, r, cu, cotangents, decay).items():
+            scales[n] = max(scales.get(n, 0.0), value)
     return scales
+
+
+# The inputs the log decay is formed from (``_log_decay``).
+_GATE_INPUTS = ("g", "gk", "A_log", "dt_bias")
+
+
+def _decay_scales(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list,
+                  names: list[str]) -> dict[str, float]:
+    """The scales of the gate inputs ``names`` from the terms the chunked backward sums into the log decay's
+    gradient (kernels/delta_chunk_bwd.py): ``q_c dq_c + E_c dE_c - k_c dk_c`` per key channel, for each
+    value head, with q and k as the kernels read them (after the l2norm). At one token without an initial
+    state these cancel to 0 exactly, and the kernels' dg is their rounding, above the call's floor. The
+    size of the terms at each element of the log decay is the root-sum-square of ``q dq`` and ``k dk``
+    (``dk`` includes the erase term), over the key channels for a decay per head; an input's terms are
+    those sizes times its element's derivative of the log decay, compared at their RMS (``g``, ``gk``) or
+    largest root-sum-square (``A_log``, ``dt_bias``), as ``reduction_scale`` takes them. The later tokens
+    of the chunk that the reverse cumulative sum adds are left out, which leaves the scale smaller."""
+    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    rows = {n: x.repeat_interleave(case["ratio"], dim=2).requires_grad_() for n, x in (("q", q), ("k", k))}
+    o, ht = _oracle({**case, "l2norm": False}, r | rows, cu)
+    backward([o, ht if case["output_final_state"] else None], cotangents)
+    size = sum((x.detach() * x.grad).pow(2) for x in rows.values() if x.grad is not None)
+    decay = _log_decay(case, r)
+    if decay.dim() == 3:
+        size = size.sum(-1)
+    size = size.sqrt()
+
+    def laid(n: str) -> tuple[int, ...]:  # the input's shape, aligned against the log decay's
+        shape = r[n].shape if n in ("g", "gk") else (1, 1, *_per_gate(r[n], r["g"]).shape)
+        return (*shape, *[1] * (decay.dim() - len(shape)))
+
+    # each input broadcast to the decay's shape, so that every element of it reaches one element of the decay
+    full = {n: r[n].reshape(laid(n)).expand(decay.shape).clone().requires_grad_() for n in names}
+    decay = _log_decay(case, r | full)
+    decay.backward(torch.ones_like(decay))
+    return {n: reduction_scale(size * full[n].grad, laid(n), rms=n in ("g", "gk")) for n in names}
 
 
 def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, scales: dict[str, float],
