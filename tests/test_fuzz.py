@@ -308,6 +308,29 @@ def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_
         check_delta(case)
 
 
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_attention_gradients_ten_parts_per_million_off_are_found(monkeypatch, name):
+    """float32 attention's floor grows with the scores' size (the backward's probabilities are formed again
+    from the forward's log-sum-exp) and PyTorch's error is also taken from a plain float32 form of the
+    kernels' backward: a case passes as drawn, and fails once one gradient is 1e-5 off."""
+    from lamina.fuzz.checks import check_attention
+
+    case = space.draw_case("prism_attention", 7, 0, backend="torch")
+    case.update(dtype="float32", grad=True, HKV=2, group=2, D=64, B=1, T=24, S=24, lens_q=None, lens_k=None,
+                causal=True, scale=None)
+    check_attention(case)
+    real, index = lamina.prism_attention, "qkv".index(name)
+
+    def planted(*args, **kwargs):
+        args = list(args)
+        args[index] = args[index] * 1.00001 - (args[index] * 0.00001).detach()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lamina, "prism_attention", planted)
+    with pytest.raises(AssertionError, match=f"^d{name}: max error"):
+        check_attention(case)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", ["A_log", "dt_bias"])
 def test_layer_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, name):

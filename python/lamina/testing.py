@@ -25,7 +25,8 @@ Two measures for results whose exact value is small next to the terms that make 
   of many elements (``rms=True``: q's and k's, summed over the value heads that share them) the RMS of
   the elements' root-sum-squares, the measure of the RMS check; without cancellation it is about the
   gradient's own RMS, so only a cancelling sum is compared at its terms' size.
-* ``baseline`` (float32 recurrences): the FlashAttention rule carried over. Where the RMS-ratio row
+* ``baseline`` (float32 recurrences, and float32 attention gradients against FlashAttention's backward
+  written out, ``assert_attention_close``): the FlashAttention rule carried over. Where the RMS-ratio row
   cannot hold because the problem itself is ill-conditioned in float32 (a gradient that scale
   invariance makes nearly zero, a cancelling sum), the error may also be up to
   ``BASELINE_FACTOR`` times that of a plain float32 implementation of the same math (a naive
@@ -223,6 +224,8 @@ def assert_attention_close(
     grad: bool = False,
     dtype: torch.dtype | None = None,
     scale: float | None = None,
+    baseline: torch.Tensor | None = None,
+    score_peak: float = 0.0,
 ) -> None:
     """FlashAttention's rule: ``max|actual - ref| <= factor * max|torch_lowp - ref| + floor``.
 
@@ -230,6 +233,14 @@ def assert_attention_close(
     ``ATTENTION_FLOOR_ULPS`` units of roundoff of ``max(max|ref|, scale)``: pass the largest
     magnitude of the call's gradients as ``scale`` where one gradient can be zero in exact math
     (one key: dq = dk = 0, which the softmax backward's ``dP - rowsum(dO * O)`` leaves as roundoff).
+    ``baseline`` (float32, as for recurrences): the same result by a plain float32 implementation of the
+    kernels' own formulas (``lamina.reference.attention_grads_ref``); PyTorch's error is then the larger of
+    its autograd's and the baseline's. ``score_peak``: a bound on the scores' size and on that of the terms
+    they sum, ``scale * max|q_i| * max|k_j|`` (row norms). The kernels' backward forms the probabilities
+    again, ``exp(s - lse)``, with ``s`` rounded in float32 apart from the forward's ``lse`` (where a row sees
+    one key, PyTorch's ``P`` is 1 exactly and the kernels' is off by ulps of those terms), so the floor adds
+    ``ATTENTION_FLOOR_ULPS`` float32 units of roundoff of ``score_peak`` times the same magnitude:
+    negligible next to a 16-bit floor.
     """
     dtype = dtype or actual.dtype
     a = actual.detach().double().cpu()
@@ -239,8 +250,11 @@ def assert_attention_close(
     factor = ATTENTION_FACTOR_GRAD if grad else ATTENTION_FACTOR_OUTPUT
     ours = (a - r).abs().max().item()
     theirs = (p - r).abs().max().item()
+    if baseline is not None:
+        theirs = max(theirs, (baseline.detach().double().cpu() - r).abs().max().item())
     peak = r.abs().max().item() if r.numel() else 0.0
-    floor = ATTENTION_FLOOR_ULPS * UNIT_ROUNDOFF[dtype] * max(peak, scale or 0.0, 1e-30)
+    roundoff = UNIT_ROUNDOFF[dtype] + UNIT_ROUNDOFF[torch.float32] * score_peak
+    floor = ATTENTION_FLOOR_ULPS * roundoff * max(peak, scale or 0.0, 1e-30)
     bound = factor * theirs + floor
     if not ours <= bound:
         raise AssertionError(

@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "kda_ref": "lamina.reference.delta_rule",
     "gdn2_ref": "lamina.reference.delta_rule",
     "attention_ref": "lamina.reference.attention",
+    "attention_grads_ref": "lamina.reference.attention",
     "hrm_gated_update_ref": "lamina.reference.hrm",
     "causal_conv1d_ref": "lamina.reference.short_conv",
     "causal_conv1d_update_ref": "lamina.reference.short_conv",

@@ -31,6 +31,23 @@ def _window_visible(t_q: int, t_k: int, left: int, right: int, device: torch.dev
     return visible
 
 
+def _probabilities(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, window_size: tuple[int, int], softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The raw scaled scores ``[b, h, t, s]``, the probabilities and the log-sum-exp ``[b, h, t]``; ``k`` already
+    repeated over the query heads."""
+    raw = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    scores = softcap * torch.tanh(raw / softcap) if softcap > 0 else raw
+    if causal:
+        scores = scores.masked_fill(~_causal_visible(q.shape[1], k.shape[1], q.device), float("-inf"))
+    if tuple(window_size) != (-1, -1):
+        scores = scores.masked_fill(~_window_visible(q.shape[1], k.shape[1], *window_size, q.device), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    # Rows without a visible key have lse = -inf: their probabilities are defined as 0.
+    lse_shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    return raw, torch.exp(scores - lse_shift[..., None]), lse
+
+
 def _dense_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -38,20 +55,56 @@ def _dense_ref(
     group = q.shape[2] // k.shape[2]
     k = repeat(k, "b s hk d -> b s (hk g) d", g=group)
     v = repeat(v, "b s hk d -> b s (hk g) d", g=group)
-    scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    if causal:
-        visible = _causal_visible(q.shape[1], k.shape[1], q.device)
-        scores = scores.masked_fill(~visible, float("-inf"))
-    if tuple(window_size) != (-1, -1):
-        scores = scores.masked_fill(~_window_visible(q.shape[1], k.shape[1], *window_size, q.device), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    # Rows without a visible key have lse = -inf: their probabilities are defined as 0.
-    lse_shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-    probs = torch.exp(scores - lse_shift[..., None])
+    _, probs, lse = _probabilities(q, k, causal, scale, window_size, softcap)
     out = torch.einsum("bhts,bshd->bthd", probs, v)
     return out, lse
+
+
+def _dense_grads_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool, scale: float,
+    window_size: tuple[int, int], softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    group = q.shape[2] // k.shape[2]
+    kr = repeat(k, "b s hk d -> b s (hk g) d", g=group)
+    vr = repeat(v, "b s hk d -> b s (hk g) d", g=group)
+    raw, probs, _ = _probabilities(q, kr, causal, scale, window_size, softcap)
+    out = torch.einsum("bhts,bshd->bthd", probs, vr)
+    dp = torch.einsum("bthd,bshd->bhts", do, vr)
+    delta = (do * out).sum(-1).transpose(1, 2)  # [b, h, t]
+    ds = probs * (dp - delta[..., None])
+    if softcap > 0:
+        ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
+    dq = torch.einsum("bhts,bshd->bthd", ds, kr) * scale
+    dk = torch.einsum("bhts,bthd->bshd", ds, q) * scale
+    dv = torch.einsum("bhts,bthd->bshd", probs, do)
+    return dq, dk.unflatten(2, (-1, group)).sum(3), dv.unflatten(2, (-1, group)).sum(3)
+
+
+def attention_grads_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of ``attention_ref`` by FlashAttention's backward, written out in the input dtype: the
+    probabilities recomputed from the log-sum-exp, ``dS = P * (dO V^T - rowsum(dO * O))`` with the output
+    ``O`` formed again. The float32 baseline of ``lamina fuzz``: the error a plain float32 implementation of
+    the math the kernels run makes (where ``P`` is one, the two row sums that cancel in ``dS`` are
+    rounded differently, unlike autograd's softmax backward). Arguments as ``attention_ref``'s."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if cu_seqlens_q is None:
+        return _dense_grads_ref(q, k, v, do, causal, scale, window_size, softcap)
+    offs_q, offs_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    parts = [_dense_grads_ref(q[:, offs_q[n]:offs_q[n + 1]], k[:, offs_k[n]:offs_k[n + 1]],
+                              v[:, offs_k[n]:offs_k[n + 1]], do[:, offs_q[n]:offs_q[n + 1]], causal, scale,
+                              window_size, softcap) for n in range(len(offs_q) - 1)]
+    return tuple(torch.cat(grads, dim=1) for grads in zip(*parts))
 
 
 def attention_ref(
