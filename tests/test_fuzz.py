@@ -351,3 +351,29 @@ def test_layer_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, 
     monkeypatch.setattr(layers, "build_layer", planted)
     with pytest.raises(AssertionError, match=f"^d{name}: "):
         layers.check_layer(case)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("op", ["KimiDeltaAttention", "GatedDeltaNet2"])
+@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
+def test_layer_gate_parameter_gradients_off_by_three_bounds_are_found(monkeypatch, op, name):
+    """The layers' gate parameters are also compared at the size of the terms the op's chunked backward sums
+    into ``dg`` (and GatedDeltaNet2's, formed in the layer, at its gate's terms): a 17-token float32 case
+    passes as drawn, and fails once the planted parameter's gradient is off by three times the RMS bound."""
+    from lamina.fuzz import layers
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="triton", interpret=True, dtypes=("float32",))
+    case.update(B=1, T=17, mode="chunk")
+    layers.check_layer(case)
+    real = layers.build_layer
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+
+    def planted(c):
+        layer = real(c)
+        getattr(layer, name).register_hook(lambda g: g * factor)
+        return layer
+
+    monkeypatch.setattr(layers, "build_layer", planted)
+    with pytest.raises(AssertionError, match=f"^d{name}: "):
+        layers.check_layer(case)

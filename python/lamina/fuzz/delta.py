@@ -265,6 +265,21 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     return scales
 
 
+def decay_term_sizes(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list) -> torch.Tensor:
+    """The root-sum-square of the terms the chunked backward sums into the log decay's gradient at each of
+    its elements (``_decay_scales``), float64, in the log decay's shape."""
+    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    group = r["v"].shape[2] // r["q"].shape[2]
+    rows = {n: x.detach().repeat_interleave(group, dim=2).requires_grad_() for n, x in (("q", q), ("k", k))}
+    o, ht = _oracle({**case, "l2norm": False}, {n: None if t is None else t.detach() for n, t in r.items()} | rows,
+                    cu)
+    backward([o, ht if case["output_final_state"] else None], cotangents)
+    size = sum((x.detach() * x.grad).pow(2) for x in rows.values() if x.grad is not None)
+    if _log_decay(case, r).dim() == 3:
+        size = size.sum(-1)
+    return size.sqrt()
+
+
 # The inputs the log decay is formed from (``_log_decay``).
 _GATE_INPUTS = ("g", "gk", "A_log", "dt_bias")
 
@@ -277,18 +292,12 @@ def _decay_scales(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list
     state these cancel to 0 exactly, and the kernels' dg is their rounding, above the call's floor. The
     size of the terms at each element of the log decay is the root-sum-square of ``q dq`` and ``k dk``
     (``dk`` includes the erase term), over the key channels for a decay per head; an input's terms are
-    those sizes times its element's derivative of the log decay, compared at their RMS (``g``, ``gk``) or
-    largest root-sum-square (``A_log``, ``dt_bias``), as ``reduction_scale`` takes them. The later tokens
+    those sizes times its element's derivative of the log decay, compared at the RMS of their
+    root-sum-squares (``reduction_scale(rms=True)``; the largest would loosen dt_bias, of H x K
+    elements, by its peak-to-RMS ratio). The later tokens
     of the chunk that the reverse cumulative sum adds are left out, which leaves the scale smaller."""
-    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
-    rows = {n: x.repeat_interleave(case["ratio"], dim=2).requires_grad_() for n, x in (("q", q), ("k", k))}
-    o, ht = _oracle({**case, "l2norm": False}, r | rows, cu)
-    backward([o, ht if case["output_final_state"] else None], cotangents)
-    size = sum((x.detach() * x.grad).pow(2) for x in rows.values() if x.grad is not None)
+    size = decay_term_sizes(case, r, cu, cotangents)
     decay = _log_decay(case, r)
-    if decay.dim() == 3:
-        size = size.sum(-1)
-    size = size.sqrt()
 
     def laid(n: str) -> tuple[int, ...]:  # the input's shape, aligned against the log decay's
         shape = r[n].shape if n in ("g", "gk") else (1, 1, *_per_gate(r[n], r["g"]).shape)
@@ -298,7 +307,7 @@ def _decay_scales(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list
     full = {n: r[n].reshape(laid(n)).expand(decay.shape).clone().requires_grad_() for n in names}
     decay = _log_decay(case, r | full)
     decay.backward(torch.ones_like(decay))
-    return {n: reduction_scale(size * full[n].grad, laid(n), rms=n in ("g", "gk")) for n in names}
+    return {n: reduction_scale(size * full[n].grad, laid(n), rms=True) for n in names}
 
 
 def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, scales: dict[str, float],

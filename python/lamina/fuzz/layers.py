@@ -1,8 +1,8 @@
 """Fuzz cases of lamina's layers at tiny sizes: the layer in the case dtype against a float64 copy
 of itself with the same weights, run on CPU through the PyTorch ops (``backend="torch"``, or
 PyTorch dispatch for the fla-compatible layers, which take no backend). Compared: the output, the
-input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table; the in-kernel
-gate's ``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms)."""
+input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table; the gate's
+``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import contextlib
 import copy
 import inspect
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, pytorch_dispatch
-from lamina.fuzz.delta import _oracle, _per_gate
+from lamina.fuzz.delta import _decay_scales, _oracle, _per_gate, decay_term_sizes
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale, reduction_scale
 
@@ -55,22 +56,28 @@ def _naive_op(name: str, op):
     signature = inspect.signature(op)
 
     def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        for param, value in a.items():
-            if param not in _MODELLED and value is not signature.parameters[param].default:
-                raise ValueError(f"the float32 baseline does not model {name}'s {param}")
-        case = {"op": name, "scale": a["scale"], "l2norm": a["use_qk_l2norm_in_kernel"],
-                "gate_in_kernel": a.get("use_gate_in_kernel", False), "lower_bound": a.get("lower_bound"),
-                "beta_sigmoid": a.get("use_beta_sigmoid_in_kernel", False),
-                "allow_neg_eigval": a.get("allow_neg_eigval", False), "state_v_first": a.get("state_v_first", False),
-                "chunk_size": a.get("chunk_size")}
-        r = {n: a.get(n) for n in ("q", "k", "v", "g", "gk", "beta", "b", "w", "initial_state", "A_log", "dt_bias")}
-        o, ht = _oracle(case, r, a["cu_seqlens"], chunked=DELTA_SPECS[name].chunked)
-        return o.to(r["v"].dtype), (ht if a["output_final_state"] else None)
+        case, r, cu = _op_case(name, signature, args, kwargs)
+        o, ht = _oracle(case, r, cu, chunked=DELTA_SPECS[name].chunked)
+        return o.to(r["v"].dtype), (ht if case["output_final_state"] else None)
 
     return call
+
+
+def _op_case(name: str, signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[dict, dict, object]:
+    """The fuzzer's case, inputs and ``cu_seqlens`` of a call of the delta-rule op ``name``."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    for param, value in a.items():
+        if param not in _MODELLED and value is not signature.parameters[param].default:
+            raise ValueError(f"the float32 baseline does not model {name}'s {param}")
+    case = {"op": name, "scale": a["scale"], "l2norm": a["use_qk_l2norm_in_kernel"],
+            "gate_in_kernel": a.get("use_gate_in_kernel", False), "lower_bound": a.get("lower_bound"),
+            "beta_sigmoid": a.get("use_beta_sigmoid_in_kernel", False),
+            "allow_neg_eigval": a.get("allow_neg_eigval", False), "state_v_first": a.get("state_v_first", False),
+            "chunk_size": a.get("chunk_size"), "output_final_state": a["output_final_state"]}
+    r = {n: a.get(n) for n in ("q", "k", "v", "g", "gk", "beta", "b", "w", "initial_state", "A_log", "dt_bias")}
+    return case, r, a["cu_seqlens"]
 
 
 def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], terms: dict[str, list]):
@@ -84,6 +91,9 @@ def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], t
         bound = signature.bind(*args, **kwargs)
         a = bound.arguments
         g = a.get("g")
+        record = _OpCall(*_op_case(name, signature, args, kwargs))
+        if g is not None and not a.get("use_gate_in_kernel", False) and g.grad_fn is not None:
+            record.layer_gates = _layer_gates(g, params)
         for arg in ("A_log", "dt_bias"):
             p = a.get(arg)
             if p is None or g is None or not a.get("use_gate_in_kernel", False):
@@ -91,12 +101,89 @@ def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], t
             owner = next((n for n, q in params.items() if q is p), None)
             if owner is None:
                 continue
+            record.owners[arg] = owner
             shaped = _per_gate(p.detach(), g)
             a[arg] = shaped.expand(g.shape).clone().requires_grad_()
             terms.setdefault(owner, []).append((a[arg], (1, 1, *shaped.shape)))
-        return naive(*bound.args, **bound.kwargs)
+        record.outputs = naive(*bound.args, **bound.kwargs)
+        for out in record.outputs:
+            if out is not None and out.requires_grad:
+                out.retain_grad()
+        terms.setdefault(_CALLS, []).append(record)
+        return record.outputs
 
     return call
+
+
+# The key of ``terms`` under which the stand-ins record their calls (``_OpCall``).
+_CALLS = "calls of the delta-rule ops"
+
+
+class _LayerGate(NamedTuple):
+    """A gate the layer formed from its parameter ``owner`` before the op (GatedDeltaNet2): ``g`` as the op
+    received it, and each gate element's derivative by the parameter element it depends on (``slope``)."""
+
+    owner: str
+    g: torch.Tensor
+    param: torch.Tensor
+    slope: torch.Tensor
+
+    def scale(self, size: torch.Tensor) -> float:
+        """The RMS over the parameter's elements of the root-sum-squares of the terms ``size_e * dg_e/dp_j``
+        (``reduction_scale(rms=True)``):
+        every gate element depends on one parameter element (a per-head or per-channel parameter,
+        broadcast), so ``sum_e (size_e J_ej)^2 = [J^T (size^2 * J 1)]_j``, one product with the Jacobian's
+        transpose."""
+        (squares,) = torch.autograd.grad(self.g, self.param, size.pow(2) * self.slope, retain_graph=True)
+        return squares.mean().sqrt().item()
+
+
+def _layer_gates(g: torch.Tensor, params: dict[str, torch.Tensor]) -> list[_LayerGate]:
+    """The layer's ``A_log`` and ``dt_bias`` that it formed ``g`` from, with the slopes ``J 1`` of ``g`` by
+    each (the Jacobian times ones, by the double-backward trick)."""
+    g.retain_grad()
+    gates = []
+    for owner, p in params.items():
+        if owner.rsplit(".", 1)[-1] not in ("A_log", "dt_bias"):
+            continue
+        probe = torch.zeros_like(g, requires_grad=True)
+        (back,) = torch.autograd.grad(g, p, probe, create_graph=True, allow_unused=True)
+        if back is not None:
+            (slope,) = torch.autograd.grad(back, probe, torch.ones_like(back))
+            gates.append(_LayerGate(owner, g, p, slope))
+    return gates
+
+
+class _OpCall:
+    """One call of a delta-rule op inside the layer's float64 copy (``_broadcast_gate_parameters``): its
+    case, inputs and outputs, the layer's parameters it takes as the in-kernel gate's (``owners``, by the
+    op's argument) and the gates the layer formed itself (``layer_gates``)."""
+
+    def __init__(self, case: dict, r: dict, cu) -> None:
+        self.case, self.r, self.cu = case, {n: None if t is None else t.detach() for n, t in r.items()}, cu
+        self.owners: dict[str, str] = {}
+        self.layer_gates: list[_LayerGate] = []
+        self.outputs: tuple = (None, None)
+
+    def scales(self) -> dict[str, float]:
+        """The layer's gate parameters at the size of the terms the chunked backward sums into the log decay's
+        gradient (``lamina.fuzz.delta.decay_term_sizes``), with the op's output gradients of the backward."""
+        o, ht = self.outputs
+        if o.grad is None or not (self.owners or self.layer_gates):
+            return {}
+        cotangents = [o.grad.detach(), None if ht is None or ht.grad is None else ht.grad.detach()]
+        case = {**self.case, "output_final_state": cotangents[1] is not None}
+        scales = {}
+        if self.owners:
+            scales = {self.owners[n]: v for n, v in _decay_scales(case, self.r, self.cu, cotangents,
+                                                                   list(self.owners)).items()}
+        if self.layer_gates:
+            size = decay_term_sizes(case, self.r, self.cu, cotangents)
+            for gate in self.layer_gates:
+                if gate.g.grad is not None and size.shape == gate.g.shape:
+                    terms = gate.scale(torch.maximum(size, gate.g.grad.abs()))
+                    scales[gate.owner] = max(scales.get(gate.owner, 0.0), terms)
+        return scales
 
 
 @contextlib.contextmanager
@@ -118,16 +205,24 @@ def naive_delta_ops(params: dict[str, torch.Tensor] | None = None,
 
 
 def _parameter_scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
-    """The in-kernel gate's ``A_log`` and ``dt_bias`` sum one term per gate element: their gradients are
-    compared relative to the root-sum-square of those terms (``lamina.testing.reduction_scale``), the
+    """``A_log`` and ``dt_bias`` sum one term per gate element: their gradients are compared relative to
+    the root-sum-square of those terms (``lamina.testing.reduction_scale``). For the in-kernel gate, the
     float64 gradients of the parameters broadcast to the gate's shape where the layer hands them to its
-    delta-rule op (a layer that forms the gate itself keeps the call's floor)."""
+    delta-rule op; for a gate the layer forms itself (GatedDeltaNet2), ``dg`` at the op times each gate
+    element's derivative by the parameter (``_LayerGate``). Either is also taken at the size of the terms
+    the op's chunked backward sums into ``dg`` (``_OpCall.scales``), as the op cases take it."""
     copy64 = copy.deepcopy(oracle)
     terms: dict[str, list] = {}
     with pytorch_dispatch(), naive_delta_ops(dict(copy64.named_parameters()), terms):
-        _forward(copy64, x_ref.detach()).backward(dy)
-    return {n: max((reduction_scale(t.grad, shape) for t, shape in uses if t.grad is not None), default=0.0)
-            for n, uses in terms.items()}
+        _forward(copy64, x_ref.detach()).backward(dy, retain_graph=True)
+
+    calls = terms.pop(_CALLS, [])
+    scales = {n: max((reduction_scale(t.grad, shape) for t, shape in uses if t.grad is not None), default=0.0)
+              for n, uses in terms.items()}
+    for call in calls:
+        for n, value in call.scales().items():
+            scales[n] = max(scales.get(n, 0.0), value)
+    return scales
 
 
 def _forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
