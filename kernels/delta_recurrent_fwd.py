@@ -187,8 +187,10 @@ def delta_recurrent_fwd(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
+    l2norm: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token forward (decoding); same inputs as ``delta_chunk_fwd``.
+    """Token-by-token forward (decoding); same inputs as ``delta_chunk_fwd``; ``l2norm``: q and k are the raw
+    rows, each normalised in float32 as it is loaded (fla's ``use_qk_l2norm_in_kernel``).
 
     One program per (sequence, value head, V tile) with the whole ``[K, BV]`` state in
     registers. Returns ``(o [B, T, HV, V] in v.dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -207,7 +209,7 @@ def delta_recurrent_fwd(
             q, k, v, g, b, w, initial_state, o, ht, cu_seqlens, scale, T,
             None, None, None, None, 0.0, N, HV * K * V, 1, 1,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **_flags(g, b, w), IS_VARLEN=cu_seqlens is not None,
-            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state)
+            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state, L2NORM=l2norm)
     return o, ht
 
 
@@ -270,27 +272,37 @@ _RUNTIME_SIG = {"lower_bound": "fp32", "n_slots": "i32", "slot_stride": "i32", "
 _AOT_DIMS = ((128, 128), (256, 256))
 
 
+def training_spec(variant: str, K: int, V: int, l2norm: str = "", archs: list[int] | None = None) -> AotSpec:
+    """The static report's row of the token-by-token training forward (``delta_recurrent_fwd``), bf16; with
+    ``l2norm`` (the row's suffix) the rows normalised in the kernel, a non-default row for ``archs``
+    (kernels/delta_report.py)."""
+    io = "*bf16"
+    decay, erase, write = VARIANT_FLAGS[variant]
+    g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
+    BKr = max(next_power_of_2(K), MIN_BLOCK)
+    BVr = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BKr))
+    rec_c = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False, "BK": BKr, "BV": BVr, "DECAY": decay,
+             "ERASE": erase, "WRITE": write, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True,
+             "cu_seqlens": None, "A_log": None, "dt_bias": None, "state_indices": None, "num_accepted": None,
+             **_TRAINING_FLAGS, "L2NORM": bool(l2norm)}
+    if decay == DecayKind.NONE:
+        rec_c["g"] = None
+    rec_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "h0": "*fp32", "o": io,
+               "ht": "*fp32", "cu_seqlens": "constexpr", "scale": "fp32", "T": "i32", **_RUNTIME_SIG}
+    rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
+    meta = {"attrs": aligned_attrs(_delta_recurrent_fwd_kernel, rec_sig)}
+    if archs is not None:
+        meta["archs"] = archs
+    return AotSpec("delta_recurrent_fwd", f"{variant} bf16 K={K} V={V} BV={BVr}" + (f" {l2norm}" if l2norm else ""),
+                   _delta_recurrent_fwd_kernel, rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False,
+                   default=not l2norm, meta=meta)
+
+
 def _register_aot_specs() -> None:
     io = "*bf16"
-    for variant, (decay, erase, write) in VARIANT_FLAGS.items():
-        g_ty = "constexpr" if decay == DecayKind.NONE else "*fp32"
+    for variant in VARIANT_FLAGS:
         for K, V in _AOT_DIMS:
-            base = {"H": 4, "HV": 4, "K": K, "V": V, "IS_VARLEN": False}
-            label = f"{variant} bf16 K={K} V={V}"
-            BKr = max(next_power_of_2(K), MIN_BLOCK)
-            BVr = max(MIN_BLOCK, min(next_power_of_2(V), STATE_TILE_ELEMS // BKr))
-            rec_c = {**base, "BK": BKr, "BV": BVr, "DECAY": decay, "ERASE": erase, "WRITE": write,
-                     "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "cu_seqlens": None,
-                     "A_log": None, "dt_bias": None, "state_indices": None, "num_accepted": None,
-                     **_TRAINING_FLAGS}
-            if decay == DecayKind.NONE:
-                rec_c["g"] = None
-            rec_sig = {"q": io, "k": io, "v": io, "g": g_ty, "b": io, "w": io, "h0": "*fp32", "o": io,
-                       "ht": "*fp32", "cu_seqlens": "constexpr", "scale": "fp32", "T": "i32", **_RUNTIME_SIG}
-            rec_sig.update({c: "constexpr" for c in rec_c if c not in rec_sig})
-            register_aot(AotSpec("delta_recurrent_fwd", f"{label} BV={BVr}", _delta_recurrent_fwd_kernel,
-                                 rec_sig, rec_c, num_warps=4, num_stages=1, uses_dot=False,
-                                 meta={"attrs": aligned_attrs(_delta_recurrent_fwd_kernel, rec_sig)}))
+            register_aot(training_spec(variant, K, V))
     # the decode step as fla's layers call it: state pool in place, V-first states, gate, beta sigmoid
     # and l2norm fused, one token (GDN: scalar gate; KDA: per-channel gate)
     for variant in ("gdn", "kda"):

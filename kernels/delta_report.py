@@ -11,7 +11,8 @@ Two grids of (K = V, activation dtype):
   ``BETA_ROW``, where the variant's beta is a scalar) at K = 128, as non-default rows on
   ``ALTERNATIVE_ARCHS``; and the forward's and backward's kernels with the l2norm of q and k fused in
   (``L2NORM_ROW``; the backward's with the gate activation and beta sigmoid too, as the layers run them) at
-  K = 128, non-default rows with the default blocks of the targets that fuse it (``L2NORM_ARCHS``).
+  K = 128, non-default rows with the default blocks of the targets that fuse it (``L2NORM_ARCHS``), and so
+  the token-by-token training forward's (kernels/delta_recurrent_fwd.py registers its default rows).
 * ``FULL_GRID`` (``lamina info --kernels --grid full``, for one GPU target at a time): K in
   {64, 128, 256, 512} x {bf16, fp16, fp32}, every default and every alternative at each: too many rows
   for CI's time; its results are committed under benchmarks/results/.
@@ -51,6 +52,7 @@ from lamina.kernels.delta_chunk_fwd import (
     prep_value_block,
     scan_tiles,
 )
+from lamina.kernels.delta_recurrent_fwd import training_spec
 from lamina.kernels.delta_tuning import ALTERNATIVE_ARCHS, ALTERNATIVES, DeltaTuning
 
 # (K = V, activation dtype) per direction. The forward's K = 512 is left out of the default grid for CI's
@@ -351,5 +353,9 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
 
 for _K, _dtype, _alternatives in _shapes("fwd"):
     _register_fwd(_K, _dtype, _alternatives)
+# the token-by-token training forward with the l2norm fused in, on the targets that fuse it (its default rows
+# are registered with the kernel)
+for _variant in VARIANT_FLAGS:
+    register_aot(training_spec(_variant, 128, 128, L2NORM_ROW, list(L2NORM_ARCHS)))
 for _K, _dtype, _alternatives in _shapes("bwd"):
     _register_bwd(_K, _dtype, _alternatives)

@@ -49,16 +49,17 @@ def test_gate_formulas_match_fla():
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("op, backend, grad, forward_norms, norm_grads", [
-    ("chunk", "triton", False, 0, 0), ("chunk", "triton", True, 0, 2), ("recurrent", "triton", True, 2, 2),
+    ("chunk", "triton", False, 0, 0), ("chunk", "triton", True, 0, 2), ("recurrent", "triton", True, 0, 2),
     ("chunk", "torch", True, 0, 0)])
 def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms, norm_grads):
-    """use_qk_l2norm_in_kernel: the chunked Triton forward normalises q and k inside its kernels (launched with
-    L2NORM, no L2-norm kernel), and so does its backward (the raw rows, l2norm_qk), which then runs the L2-norm
-    kernel's backward once each on dq and dk; the token-by-token path with gradients runs the L2-norm kernel
-    before its kernels (and its backward through autograd), the torch path never. The results (against fla's
-    references and float64) are checked by the tests that use the option."""
+    """use_qk_l2norm_in_kernel: the Triton forwards normalise q and k inside their kernels (launched with
+    L2NORM, no L2-norm kernel; the token-by-token one each row in float32, as fla's fused_recurrent kernels),
+    and so does the backward (the raw rows, l2norm_qk), which then runs the L2-norm kernel's backward once each
+    on dq and dk; the torch path never. The results (against fla's references and float64) are checked by the
+    tests that use the option."""
     import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.kernels.delta_chunk_fwd as fwd
+    import lamina.kernels.delta_recurrent_fwd as rec
     import lamina.kernels.rms_norm_gated as norm_kernels
 
     norms, norm_grads_run, fused, fused_bwd = [], [], [], []
@@ -74,22 +75,55 @@ def test_where_the_qk_l2norm_runs(monkeypatch, op, backend, grad, forward_norms,
             return lambda *a, **kw: fused.append(kw["L2NORM"]) or prep[grid](*a, **kw)
 
     monkeypatch.setattr(fwd, "_prep_fwd", Spy())
+    token_by_token, launch_rec = [], rec._recurrent_fwd
+
+    class RecurrentSpy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: token_by_token.append(kw["L2NORM"]) or launch_rec[grid](*a, **kw)
+
+    monkeypatch.setattr(rec, "_recurrent_fwd", RecurrentSpy())
     q, k, v = (x.requires_grad_(grad) for x in base_inputs())
     g, beta = -rand(B, T, HV, seed=11).abs(), rand(B, T, HV, seed=12).sigmoid()
     fn = lamina.chunk_gated_delta_rule if op == "chunk" else lamina.fused_recurrent_gated_delta_rule
     o, _ = fn(q, k, v, g, beta=beta, use_qk_l2norm_in_kernel=True, backend=backend)
     assert norms == ["l2"] * forward_norms
     assert fused == ([True] if op == "chunk" and backend == "triton" else [])
+    assert token_by_token == ([True] if op == "recurrent" else [])
     if grad:
         norms.clear()
         fused.clear()
         o.sum().backward()
         assert norms == [] and norm_grads_run == ["l2"] * norm_grads
-        # the backward's kernels take the raw rows on the chunked path; the token-by-token path's backward
-        # recomputes its states with the chunked forward, on the rows it normalised
-        assert fused_bwd == ([True] if op == "chunk" and backend == "triton" else [False] if backend == "triton"
-                             else [])
-        assert fused == ([] if op == "chunk" else [False])
+        # the backward's kernels take the raw rows; the token-by-token path's backward first recomputes its
+        # states with the chunked forward, on the raw rows too
+        assert fused_bwd == ([True] if backend == "triton" else [])
+        assert fused == ([] if op == "chunk" else [True])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("grad", [False, True])
+def test_token_by_token_l2norm_is_taken_in_float32(grad):
+    """The token-by-token forward normalises the raw rows in float32 (as fla's fused_recurrent kernels do): with
+    q and k nearly orthogonal (cosine 1e-3), one token's output ``scale (q.k) beta v`` keeps the table's bf16
+    bound; rows normalised and rounded to bf16 first leave its product off by about 2^-9 / sqrt(K) of the
+    rows' norms, a quarter of it at K = 64."""
+    from lamina.reference import delta_rule_family_recurrent_ref
+
+    K, V = 64, 16
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(K, generator=gen, dtype=torch.float64)
+    k = torch.randn(K, generator=gen, dtype=torch.float64)
+    k = k - (k @ q) / (q @ q) * q + 1e-3 * k.norm() / q.norm() * q
+    q, k = (x.view(1, 1, 1, K).bfloat16().requires_grad_(grad) for x in (q, k))
+    v = torch.randn(1, 1, 1, V, generator=gen).bfloat16()
+    g, beta = torch.zeros(1, 1, 1), torch.full((1, 1, 1), 0.5).bfloat16()
+    o, _ = lamina.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True,
+                                                   backend="triton")
+    q64, k64 = (torch.nn.functional.normalize(x.detach().double(), dim=-1) for x in (q, k))
+    assert abs(float((q64 * k64).sum())) < 2e-3  # the case: nearly orthogonal after rounding to bf16
+    ref, _ = delta_rule_family_recurrent_ref(q64, k64, v.double(), g.double(), beta.double(), beta.double(),
+                                             K ** -0.5, None, False, None)
+    assert_close("o", o, ref, dtype=torch.bfloat16)
 
 
 @pytest.mark.interpret

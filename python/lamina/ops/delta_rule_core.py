@@ -228,8 +228,8 @@ def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqle
     kernel does not form it, so a call that asks for it runs the chunked forward (the same map).
     ``gate_in_kernel``: ``g`` is the raw gate input, activated with ``A_log``, ``dt_bias`` and ``lower_bound``
     inside the chunked kernels (before the token-by-token kernel, which takes the log decay).
-    ``l2norm_qk``: q and k are the raw rows, l2-normalised inside the chunked kernels (the token-by-token
-    path is given them normalised: ``delta_rule_core``).
+    ``l2norm_qk``: q and k are the raw rows, l2-normalised inside the kernels (each row in float32 by the
+    token-by-token one).
     ``beta_act`` (a ``BetaAct``): ``b`` and ``w`` are the raw scalar beta, activated inside the chunked kernels
     (the token-by-token path is given it activated).
     """
@@ -240,7 +240,8 @@ def _fwd_op(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqle
     if recurrent and not output_v_new:
         if gate_in_kernel:
             g = gate_activation(g, A_log, dt_bias, lower_bound)
-        o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens)
+        o, ht = delta_recurrent_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens,
+                                    l2norm=l2norm_qk)
     else:
         o, ht, h, v_new, solve = delta_chunk_fwd(q, k, v, g, b, w, scale, initial_state, output_final_state,
                                                  cu_seqlens, chunk_size=chunk_size, save_states=save_states,
@@ -403,9 +404,9 @@ def delta_rule_core(
     """Run the family on transformed inputs (module docstring) with the backend chosen for ``op``.
 
     ``l2norm_qk`` (fla's ``use_qk_l2norm_in_kernel``): q and k are raw and l2-normalised here: inside the
-    chunked Triton forward kernels where ``kernels.delta_chunk_common.l2norm_in_kernels`` allows (no pass of
-    their own in the forward; the backward runs the L2-norm kernel), else by ``l2norm`` first (the
-    token-by-token Triton path, the PyTorch path, GPUs other than Hopper).
+    Triton forward kernels where ``kernels.delta_chunk_common.l2norm_in_kernels`` allows (no pass of their
+    own in the forward; the token-by-token kernel normalises each row in float32 as fla's does; the backward
+    runs the L2-norm kernel), else by ``l2norm`` first (the PyTorch path, GPUs other than Hopper).
 
     ``beta_act`` (a ``BetaAct``, fla's ``use_beta_sigmoid_in_kernel`` with ``allow_neg_eigval``): ``b`` and ``w``
     are the raw scalar beta (DeltaNet, GDN and KDA pass one tensor as both), activated inside the chunked Triton
@@ -423,7 +424,7 @@ def delta_rule_core(
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
     path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad)
-    if l2norm_qk and (path == "torch" or recurrent or not _l2norm_in_kernels(q.device)):
+    if l2norm_qk and (path == "torch" or not _l2norm_in_kernels(q.device)):
         q, k, l2norm_qk = l2norm(q, backend), l2norm(k, backend), False
     if beta_act != BetaAct.NONE and (path == "torch" or recurrent):
         same = w is b
