@@ -127,6 +127,32 @@ def test_token_by_token_l2norm_is_taken_in_float32(grad):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("op", ["chunk_delta_rule", "chunk_gated_delta_rule"])
+def test_chunked_forward_scales_q_k_after_the_product(op):
+    """The chunked forward's ``scale Q K^T`` takes the scale after the product of the 16-bit rows (with a dense
+    decay, as fla's output kernel does): q and k nearly orthogonal (cosine 3e-3), one token's output
+    ``scale (q.k) beta v`` keeps the table's bf16 bound; q times the scale rounded to bf16 as an operand
+    left it off by about 2^-9 / sqrt(K) of the rows' norms (RMS error ratio 0.031 here)."""
+    from lamina.reference import delta_rule_family_recurrent_ref
+
+    K, V = 48, 16  # a scale 48^-0.5 that rounds (a power of two would not)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(K, generator=gen, dtype=torch.float64)
+    k = torch.randn(K, generator=gen, dtype=torch.float64)
+    k = F.normalize(k - (k @ q) / (q @ q) * q + 3e-3 * k.norm() / q.norm() * q, dim=0)
+    q, k = (x.view(1, 1, 1, K).bfloat16() for x in (q, k))
+    v = torch.randn(1, 1, 1, V, generator=gen).bfloat16()
+    beta = torch.full((1, 1, 1), 0.5).bfloat16()
+    gate = {"g": torch.zeros(1, 1, 1)} if op == "chunk_gated_delta_rule" else {}
+    o, _ = getattr(lamina, op)(q, k, v, beta=beta, backend="triton", **gate)
+    q64, k64 = q.double(), k.double()
+    assert abs(float((q64 * k64).sum())) < 1e-2 * float(q64.norm() * k64.norm())  # nearly orthogonal
+    ref, _ = delta_rule_family_recurrent_ref(q64, k64, v.double(), None, beta.double(), beta.double(), K ** -0.5,
+                                             None, False, None)
+    assert_close("o", o, ref, dtype=torch.bfloat16)
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_kda_with_all_options_matches_fla_naive(recurrent):
     from fla.ops.kda.naive import naive_recurrent_kda
