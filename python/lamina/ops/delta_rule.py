@@ -38,8 +38,9 @@ or ``cp_context``, and on the torch path, it is applied with PyTorch ops in floa
 its kernels take the rows' inverse norms and scale the rows of q and k they load by them, without a pass of
 their own (fla runs its l2norm kernel over q and k before its chunked ones); so do the backward's kernels (the
 first stores the normalised rows for the others), and ``lamina.l2_norm``'s backward takes dq and dk back to the
-raw rows (one pass). On
-other GPUs (``kernels.delta_chunk_common.l2norm_in_kernels``), on the token-by-token path (with gradients),
+raw rows (one pass). The token-by-token Triton kernel normalises each raw row in float32 there too (as fla's
+fused_recurrent kernels do), and its backward takes the raw rows as the chunked one does. On
+other GPUs (``kernels.delta_chunk_common.l2norm_in_kernels``),
 with ``cp_context`` and on the torch path ``lamina.l2_norm`` runs on q and k first (PyTorch ops with
 ``backend="torch"``), computed in float32. ``use_beta_sigmoid_in_kernel`` (with ``allow_neg_eigval``) is
 fused into the chunked Triton kernels, forward and backward: they read the raw beta, apply the sigmoid in float32
