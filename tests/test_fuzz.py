@@ -332,28 +332,6 @@ def test_attention_gradients_ten_parts_per_million_off_are_found(monkeypatch, na
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
-def test_layer_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, name):
-    """The layers' in-kernel gate parameters are compared at the root-sum-square of their terms too: a KDA
-    layer case passes as drawn, and fails once the planted parameter's gradient is 1% off."""
-    from lamina.fuzz import layers
-
-    case = space.draw_case("KimiDeltaAttention", 7, 0, backend="triton", interpret=True, dtypes=("float32",))
-    case.update(B=1, T=17, mode="chunk")
-    layers.check_layer(case)
-    real = layers.build_layer
-
-    def planted(c):
-        layer = real(c)
-        getattr(layer, name).register_hook(lambda g: g * 1.01)
-        return layer
-
-    monkeypatch.setattr(layers, "build_layer", planted)
-    with pytest.raises(AssertionError, match=f"^d{name}: "):
-        layers.check_layer(case)
-
-
-@pytest.mark.interpret
 @pytest.mark.parametrize("op", ["KimiDeltaAttention", "GatedDeltaNet2"])
 @pytest.mark.parametrize("name", ["A_log", "dt_bias"])
 def test_layer_gate_parameter_gradients_off_by_three_bounds_are_found(monkeypatch, op, name):
