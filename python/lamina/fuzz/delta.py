@@ -10,6 +10,8 @@ compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -200,9 +202,16 @@ def check_delta(case: dict) -> None:
         do, dht = draw.cotangent(o.shape, o.dtype), draw.cotangent(ht_ref.shape, torch.float32)
         backward([o, ht], [do, dht])
         backward([o_ref, ht_ref if case["output_final_state"] else None], [do, dht])
-    scales = _parameter_scales(case, refs, cu_cpu, [do, dht]) if grad else {}
+    scales = functools.cache(lambda: _parameter_scales(case, refs, cu_cpu, [do, dht]) if grad else {})
     try:
-        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales)
+        # the scales only ever raise a gradient's floor, so a case that passes without them passes with
+        # them: they are worked out (through the oracle once or twice more) only once a case misses
+        try:
+            _compare(case, x, refs, (o, ht), (o_ref, ht_ref), {})
+        except AssertionError:
+            if not grad:
+                raise
+            _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales())
     except AssertionError:
         if dtype != torch.float32:
             raise
@@ -215,7 +224,7 @@ def check_delta(case: dict) -> None:
             o_c, ht_c = (o_b, ht_b) if chunked else _oracle({**case, "chunk_size": DEFAULT_CHUNK_SIZE}, base,
                                                              cu_cpu, chunked=True)
             backward([o_c, ht_c if case["output_final_state"] else None], [do, dht])
-        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales, base, (o_b, ht_b))
+        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales(), base, (o_b, ht_b))
 
 
 def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:

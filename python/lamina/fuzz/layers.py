@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -255,9 +256,16 @@ def check_layer(case: dict) -> None:
         with pytorch_dispatch():
             y_ref.backward(dy)
     ref_params = dict(oracle.named_parameters())
-    scales = _parameter_scales(oracle, x_ref, dy) if grad else {}
+    scales = functools.cache(lambda: _parameter_scales(oracle, x_ref, dy) if grad else {})
     try:
-        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales)
+        # as for the op cases (fuzz/delta.py, check_delta): the scales only raise floors, and are worked
+        # out only once a case misses without them
+        try:
+            _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, {})
+        except AssertionError:
+            if not grad:
+                raise
+            _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales())
     except AssertionError:
         if dtype != torch.float32:
             raise
@@ -268,7 +276,7 @@ def check_layer(case: dict) -> None:
             y_b = _forward(plain, x_b)
             if grad:
                 y_b.backward(dy.float())
-        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, (x_b, y_b, dict(plain.named_parameters())))
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales(), (x_b, y_b, dict(plain.named_parameters())))
 
 
 def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base=None) -> None:
