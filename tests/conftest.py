@@ -42,7 +42,7 @@ if INTERPRET:
 
 # Tests that take minutes start first, so that under pytest-xdist no worker is left running one of them alone
 # at the end (the static report compiles every kernel configuration: 2-4 minutes with a cold Triton cache).
-LONG_FIRST = ("test_static_report.py::test_every_default_kernel_config_compiles_without_spills",
+LONG_FIRST = ("test_static_report.py::test_kernel_configs_compile_without_spills",
               "test_bench_device_check.py::", "test_hrm_ext.py::test_cuda_")
 
 

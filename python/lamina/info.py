@@ -181,16 +181,19 @@ def compile_spec(spec, arch: int) -> KernelReport:
 
 
 def kernel_report(archs: tuple[int, ...] = DEFAULT_ARCHS, name_filter: str = "", jobs: int | None = None,
-                  shard: tuple[int, int] = (1, 1)):
+                  shard: tuple[int, int] = (1, 1), defaults_only: bool = False):
     """Compile every registered configuration for each arch; returns a list of KernelReport.
 
     ``shard=(k, n)`` compiles the k-th of n parts (1 <= k <= n): the configurations whose registration
     index is k - 1 modulo n, each for every arch, so n runs together compile each configuration once.
+    ``defaults_only``: leave out the non-default rows (the delta-rule family's speed alternatives and fused
+    options).
     """
     part, parts = shard
     specs = _load_registry()
     # meta["archs"]: a configuration that is the default on some targets only is compiled for those
-    work = [(i, arch) for i, s in enumerate(specs) if name_filter in s.name and i % parts == part - 1
+    work = [(i, arch) for i, s in enumerate(specs)
+            if name_filter in s.name and i % parts == part - 1 and (s.default or not defaults_only)
             for arch in archs if arch in s.meta.get("archs", archs)]
     jobs = jobs or max(1, min(len(work), os.cpu_count() or 1))
     if jobs == 1 or len(work) <= 1:
@@ -280,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated SM versions, e.g. 90,80")
     parser.add_argument("--filter", default="", help="only kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--defaults-only", action="store_true",
+                        help="only the default configurations (not the delta-rule family's speed alternatives and "
+                             "fused options, its non-default rows)")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
     parser.add_argument("--shard", default="1/1", metavar="K/N",
                         help="compile only the K-th of N parts of the configurations (1 <= K <= N); "
@@ -337,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad_arch:
         parser.error(f"--arch: supported SM versions are {sorted(SHARED_LIMIT_BYTES)}, got {bad_arch}")
     part = (int(shard.group(1)), int(shard.group(2)))
-    return _print_report(kernel_report(archs, args.filter, args.jobs, part), as_json=args.json)
+    return _print_report(kernel_report(archs, args.filter, args.jobs, part, args.defaults_only), as_json=args.json)
 
 
 def _print_report(rows: list[KernelReport], as_json: bool) -> int:
