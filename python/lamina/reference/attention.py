@@ -100,11 +100,19 @@ def attention_grads_ref(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens_q is None:
         return _dense_grads_ref(q, k, v, do, causal, scale, window_size, softcap)
+    return _per_sequence(lambda q, do, k, v: _dense_grads_ref(q, k, v, do, causal, scale, window_size, softcap),
+                         (q, do), (k, v), cu_seqlens_q, cu_seqlens_k, cat_dims=(1, 1, 1))
+
+
+def _per_sequence(dense, query_rows: tuple, key_rows: tuple, cu_seqlens_q: torch.Tensor,
+                  cu_seqlens_k: torch.Tensor, cat_dims: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """``dense`` on each packed sequence, its arguments the tensors of ``query_rows`` sliced (dim 1) at the
+    query offsets, then those of ``key_rows`` at the key offsets; its outputs concatenated along
+    ``cat_dims``."""
     offs_q, offs_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    parts = [_dense_grads_ref(q[:, offs_q[n]:offs_q[n + 1]], k[:, offs_k[n]:offs_k[n + 1]],
-                              v[:, offs_k[n]:offs_k[n + 1]], do[:, offs_q[n]:offs_q[n + 1]], causal, scale,
-                              window_size, softcap) for n in range(len(offs_q) - 1)]
-    return tuple(torch.cat(grads, dim=1) for grads in zip(*parts))
+    parts = [dense(*(x[:, offs_q[n]:offs_q[n + 1]] for x in query_rows),
+                   *(x[:, offs_k[n]:offs_k[n + 1]] for x in key_rows)) for n in range(len(offs_q) - 1)]
+    return tuple(torch.cat(outs, dim=d) for outs, d in zip(zip(*parts), cat_dims))
 
 
 def attention_ref(
@@ -135,18 +143,8 @@ def attention_ref(
     if cu_seqlens_q is None:
         out, lse = _dense_ref(q, k, v, causal, scale, window_size, softcap)
     else:
-        offs_q = cu_seqlens_q.tolist()
-        offs_k = cu_seqlens_k.tolist()
-        outs, lses = [], []
-        for n in range(len(offs_q) - 1):
-            qs = q[:, offs_q[n]:offs_q[n + 1]]
-            ks = k[:, offs_k[n]:offs_k[n + 1]]
-            vs = v[:, offs_k[n]:offs_k[n + 1]]
-            o_n, lse_n = _dense_ref(qs, ks, vs, causal, scale, window_size, softcap)
-            outs.append(o_n)
-            lses.append(lse_n)
-        out = torch.cat(outs, dim=1)
-        lse = torch.cat(lses, dim=2)
+        out, lse = _per_sequence(lambda q, k, v: _dense_ref(q, k, v, causal, scale, window_size, softcap),
+                                 (q,), (k, v), cu_seqlens_q, cu_seqlens_k, cat_dims=(1, 2))
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 
