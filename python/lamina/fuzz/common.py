@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -87,6 +88,29 @@ def compare_grads(inputs: dict[str, torch.Tensor | None], refs: dict[str, torch.
             base = torch.zeros_like(baselines[name]) if base is None else base
         assert_close(f"d{name}", x.grad, ref, kind=kind, dtype=dtype, scale=max(scale, (scales or {}).get(name, 0.0)),
                      baseline=base)
+
+
+def compare_in_stages(compare: Callable[[dict[str, float], object], None],
+                      scales: Callable[[], dict[str, float]] | None = None,
+                      baseline: Callable[[], object] | None = None) -> None:
+    """Run ``compare(scales, base)`` (it raises ``AssertionError`` on a miss) at most three times, each a
+    wider floor than the last: without the sum-of-terms ``scales`` (``compare({}, None)``); on a miss with
+    them, where the case has gradients (``scales`` given); on a miss again against a plain float32 run,
+    where the case is float32 (``baseline`` given: it runs that and returns what ``compare`` takes as
+    ``base``). The scales only ever raise a gradient's floor, so a case that passes without them passes
+    with them: they are worked out (the oracle once or twice more) only once, and only after a miss."""
+    scales = functools.cache(scales) if scales is not None else None
+    try:
+        try:
+            compare({}, None)
+        except AssertionError:
+            if scales is None:
+                raise
+            compare(scales(), None)
+    except AssertionError:
+        if baseline is None:
+            raise
+        compare(scales() if scales is not None else {}, baseline())
 
 
 def float32_copies(inputs: dict[str, torch.Tensor | None], grad: bool) -> dict[str, torch.Tensor | None]:

@@ -10,13 +10,21 @@ compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from lamina._delta_spec import DEFAULT_CHUNK_SIZE
-from lamina.fuzz.common import DTYPES, Draw, as_ref, backward, compare_grads, float32_copies, leaf, offsets
+from lamina.fuzz.common import (
+    DTYPES,
+    Draw,
+    as_ref,
+    backward,
+    compare_grads,
+    compare_in_stages,
+    float32_copies,
+    leaf,
+    offsets,
+)
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, reduction_scale
 
@@ -202,19 +210,10 @@ def check_delta(case: dict) -> None:
         do, dht = draw.cotangent(o.shape, o.dtype), draw.cotangent(ht_ref.shape, torch.float32)
         backward([o, ht], [do, dht])
         backward([o_ref, ht_ref if case["output_final_state"] else None], [do, dht])
-    scales = functools.cache(lambda: _parameter_scales(case, refs, cu_cpu, [do, dht]) if grad else {})
-    try:
-        # the scales only ever raise a gradient's floor, so a case that passes without them passes with
-        # them: they are worked out (through the oracle once or twice more) only once a case misses
-        try:
-            _compare(case, x, refs, (o, ht), (o_ref, ht_ref), {})
-        except AssertionError:
-            if not grad:
-                raise
-            _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales())
-    except AssertionError:
-        if dtype != torch.float32:
-            raise
+    def compare(scales: dict[str, float], base: tuple | None) -> None:
+        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales, *(base or ()))
+
+    def baseline() -> tuple:
         base = float32_copies(x, grad)
         chunked = DELTA_SPECS[case["op"]].chunked
         o_b, ht_b = _oracle(case, base, cu_cpu, chunked=chunked)
@@ -224,7 +223,10 @@ def check_delta(case: dict) -> None:
             o_c, ht_c = (o_b, ht_b) if chunked else _oracle({**case, "chunk_size": DEFAULT_CHUNK_SIZE}, base,
                                                              cu_cpu, chunked=True)
             backward([o_c, ht_c if case["output_final_state"] else None], [do, dht])
-        _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales(), base, (o_b, ht_b))
+        return base, (o_b, ht_b)
+
+    compare_in_stages(compare, (lambda: _parameter_scales(case, refs, cu_cpu, [do, dht])) if grad else None,
+                      baseline if dtype == torch.float32 else None)
 
 
 def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import inspect
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 
-from lamina.fuzz.common import DTYPES, Draw, pytorch_dispatch
+from lamina.fuzz.common import DTYPES, Draw, compare_in_stages, pytorch_dispatch
 from lamina.fuzz.delta import _decay_scales, _oracle, _per_gate, decay_term_sizes
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale, reduction_scale
@@ -256,27 +255,21 @@ def check_layer(case: dict) -> None:
         with pytorch_dispatch():
             y_ref.backward(dy)
     ref_params = dict(oracle.named_parameters())
-    scales = functools.cache(lambda: _parameter_scales(oracle, x_ref, dy) if grad else {})
-    try:
-        # as for the op cases (fuzz/delta.py, check_delta): the scales only raise floors, and are worked
-        # out only once a case misses without them
-        try:
-            _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, {})
-        except AssertionError:
-            if not grad:
-                raise
-            _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales())
-    except AssertionError:
-        if dtype != torch.float32:
-            raise
-        # The float32 baseline: the same layer in float32 over naive delta-rule math (lamina.testing).
+    def compare(scales: dict[str, float], base: tuple | None) -> None:
+        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base)
+
+    def baseline() -> tuple:
+        # the same layer in float32 over naive delta-rule math (lamina.testing)
         plain = copy.deepcopy(oracle).float()
         x_b = x_ref.detach().float().requires_grad_(grad)
         with pytorch_dispatch(), naive_delta_ops():
             y_b = _forward(plain, x_b)
             if grad:
                 y_b.backward(dy.float())
-        _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales(), (x_b, y_b, dict(plain.named_parameters())))
+        return x_b, y_b, dict(plain.named_parameters())
+
+    compare_in_stages(compare, (lambda: _parameter_scales(oracle, x_ref, dy)) if grad else None,
+                      baseline if dtype == torch.float32 else None)
 
 
 def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base=None) -> None:
