@@ -289,6 +289,46 @@ def test_shared_query_key_gradients_off_by_three_bounds_are_found(monkeypatch, o
         check_delta(case)
 
 
+@pytest.mark.parametrize("state_v_first", [False, True])
+def test_value_channel_terms_sum_to_each_gradient(state_v_first):
+    """``_value_channel_scales`` splits the loss by value channel, output and final state alike: for a
+    value-side input every element is one channel's, so its scale is its gradient's own RMS; for q (one
+    value head) the terms' root-sum-squares are at least the gradient's size."""
+    from lamina.fuzz.common import Draw, as_ref, backward
+    from lamina.fuzz.delta import _masters, _oracle, _value_channel_scales
+
+    case = space.draw_case("chunk_kda", 7, 0, backend="torch")
+    case.update(H=1, ratio=1, B=1, T=5, lens=None, grad=True, initial_state=True, output_final_state=True,
+                state_v_first=state_v_first, dtype="float32")
+    draw = Draw(case["seed"])
+    refs = {n: as_ref(m, True) for n, m in _masters(case, draw).items()}
+    o, ht = _oracle(case, refs, None)
+    cotangents = [draw.cotangent(o.shape, torch.float64), draw.cotangent(ht.shape, torch.float64)]
+    backward([o, ht], cotangents)
+    scales = _value_channel_scales(case, refs, None, cotangents)
+    for name in ("v", "initial_state"):
+        assert scales[name] == pytest.approx(refs[name].grad.pow(2).mean().sqrt().item(), rel=1e-12)
+    assert scales["q"] >= refs["q"].grad.pow(2).mean().sqrt().item() * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("op", ["fused_recurrent_kda", "chunk_gdn2"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_gradients_summed_over_value_channels_off_by_three_bounds_are_found(monkeypatch, op, name):
+    """Every gradient is also compared at the RMS of its terms' root-sum-squares over the value channels,
+    which without cancellation is about its own RMS: a float32 case passes as drawn, and fails once the
+    gradient is off by three times the table's RMS bound."""
+    from lamina.fuzz.delta import check_delta
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(H=1, ratio=1, B=1, T=33, lens=None, grad=True, beta=True, dtype="float32")
+    check_delta(case)
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+    monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), name, factor))
+    with pytest.raises(AssertionError, match=f"^d{name}: RMS error ratio"):
+        check_delta(case)
+
+
 @pytest.mark.parametrize("op,gate_in_kernel", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
                                                ("chunk_kda", True), ("fused_recurrent_gated_delta_rule", True)])
 def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_kernel):

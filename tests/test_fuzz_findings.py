@@ -67,6 +67,13 @@ FIXED = {
     "GatedDeltaNet2-layer-gate-dA_log.json": "reduction_scale floor for the layers' gate parameters",
     "GatedDeltaNet2-one-token-zero-dA_log.json": "reduction_scale floor for the layers' gate parameters",
     "KimiDeltaAttention-one-token-zero-dA_log.json": "reduction_scale floor for the layers' gate parameters",
+    # 16-bit, one token: dq (dk) is k (q) times one sum over the value channels, of the new values times dO,
+    # and that sum cancelled: dq's RMS 0.013 against 0.21 for the RMS of its channel terms' root-sum-squares
+    # (KDA), dk's 0.0066 against 0.33 (GDN-2). The bf16 products over V round each term; their error was
+    # 0.034 (0.045) of the former, 0.0021 (0.0009) of the latter. Every gradient is compared at its terms
+    # per value channel too.
+    "fused_recurrent_kda-bf16-one-token-value-channels-dq.json": "reduction_scale floor over value channels",
+    "fused_recurrent_gdn2-bf16-one-token-value-channels-dk.json": "reduction_scale floor over value channels",
     # 16-bit, one token: q.k cancels, and a rounding of q before the product was the error. The token-by-token
     # forward took q and k normalised and rounded to 16 bits (o RMS error ratio 0.028 bf16, 0.0033 fp16); it
     # now normalises them in float32 in its kernel. The chunked forward rounded q times the scale (0.072); the

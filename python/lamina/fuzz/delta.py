@@ -5,7 +5,8 @@ itself, in float64, to the same rounded inputs the op gets, then calls
 ``lamina.reference.delta_rule_family_recurrent_ref``; outputs, final states and the gradient of
 every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
 compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log``, ``dt_bias`` and
-``beta``, which sum a term per gate element or per channel, relative to the root-sum-square of their terms).
+``beta``, which sum a term per gate element or per channel, relative to the root-sum-square of their terms;
+every gradient also relative to its terms per value channel, ``_parameter_scales``).
 """
 
 from __future__ import annotations
@@ -241,7 +242,9 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
       at the RMS over their elements (``rms=True``): two heads' terms can cancel (16-bit, T = 1).
 
     The terms are the float64 gradients of the same values broadcast to those shapes, through the
-    oracle once more."""
+    oracle once more. Every gradient is also compared at its terms per value channel
+    (``_value_channel_scales``), where that is larger."""
+    scales = _value_channel_scales(case, refs, cu, cotangents)
     names = [n for n in ("A_log", "dt_bias") if refs[n] is not None and refs[n].requires_grad]
     beta = refs["beta"]
     per_token = beta is not None and beta.requires_grad
@@ -249,7 +252,7 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     shared = [n for n in ("q", "k") if group > 1 and refs[n].requires_grad]
     decay = [n for n in _GATE_INPUTS if refs[n] is not None and refs[n].requires_grad]
     if not names and not per_token and not shared and not decay:
-        return {}
+        return scales
     r = {n: None if t is None else t.detach() for n, t in refs.items()}
     full = {}
     if names:
@@ -263,17 +266,46 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
         gates = tuple(r["beta"][..., None].expand(*beta.shape, n).clone().requires_grad_() for n in widths)
     o, ht = _oracle(case, r | full, cu, gates=gates)
     backward([o, ht if case["output_final_state"] else None], cotangents)
-    scales = {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], r["g"]).shape)) for n in names}
+    found = {n: reduction_scale(full[n].grad, (1, 1, *_per_gate(refs[n], r["g"]).shape)) for n in names}
     for n in shared:
         B, T, H, K = refs[n].shape
-        scales[n] = reduction_scale(full[n].grad.view(B, T, H, group, K), (B, T, H, 1, K), rms=True)
+        found[n] = reduction_scale(full[n].grad.view(B, T, H, group, K), (B, T, H, 1, K), rms=True)
     if gates is not None:
         terms = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in gates], dim=-1)
-        scales["beta"] = reduction_scale(terms, (*beta.shape, 1))
-    if decay:
-        for n, value in _decay_scales(case, r, cu, cotangents, decay).items():
+        found["beta"] = reduction_scale(terms, (*beta.shape, 1))
+    for part in (found, _decay_scales(case, r, cu, cotangents, decay) if decay else {}):
+        for n, value in part.items():
             scales[n] = max(scales.get(n, 0.0), value)
     return scales
+
+
+def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
+    """Every input's gradient as a sum of one term per value channel ``c``: the gradient of
+    ``<o[..., c], do[..., c]> + <ht[..., c], dht[..., c]>`` (the value columns of the state evolve apart, so
+    these parts sum to the loss). The kernels' products over V (``dO S0^T``, ``dO U^T``, ``dR U^T``) round
+    each term, so where the terms cancel (q's and k's at T = 1: ``k`` times one sum over the channels of the
+    new values times dO) the gradient is compared at the RMS of their root-sum-squares
+    (``reduction_scale(rms=True)``). For a value-side input (v, w, the initial state) each element has one
+    term, and the scale is the gradient's own RMS: no change. All channels in one batched backward of the
+    oracle (``is_grads_batched``)."""
+    r = {n: None if t is None else t.detach().requires_grad_(t.requires_grad) for n, t in refs.items()}
+    leaves = {n: t for n, t in r.items() if t is not None and t.requires_grad}
+    o, ht = _oracle(case, r, cu)
+    pairs = [(o, cotangents[0], o.dim() - 1)]
+    if case["output_final_state"]:
+        pairs.append((ht, cotangents[1], ht.dim() - (2 if case["state_v_first"] else 1)))
+    V = o.shape[-1]
+    one_hot = torch.eye(V, dtype=torch.float64)
+
+    def per_channel(c: torch.Tensor, axis: int) -> torch.Tensor:  # [V, *c.shape]: c masked to each channel
+        mask = one_hot.view(V, *[V if d == axis else 1 for d in range(c.dim())])
+        return c.to(torch.float64)[None] * mask
+
+    grads = torch.autograd.grad([out for out, _, _ in pairs], list(leaves.values()),
+                                [per_channel(c, axis) for _, c, axis in pairs], is_grads_batched=True,
+                                allow_unused=True)
+    return {n: reduction_scale(g, (1, *t.shape), rms=True)
+            for (n, t), g in zip(leaves.items(), grads) if g is not None}
 
 
 def decay_term_sizes(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list) -> torch.Tensor:
