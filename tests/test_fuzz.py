@@ -329,6 +329,72 @@ def test_gradients_summed_over_value_channels_off_by_three_bounds_are_found(monk
         check_delta(case)
 
 
+def test_output_terms_at_one_token_are_the_key_channel_products():
+    """At one token from a zero state DeltaNet's output is ``scale (q . k) beta v``: its terms per key channel
+    are ``scale q_c k_c beta v``, whose root-sum-square ``output_term_sizes`` gives."""
+    from lamina.fuzz.common import Draw, as_ref
+    from lamina.fuzz.delta import _masters, output_term_sizes
+
+    case = space.draw_case("chunk_delta_rule", 7, 0, backend="torch")
+    case.update(H=1, ratio=1, B=1, T=1, K=12, lens=None, initial_state=False, beta=True, l2norm=False, scale=0.3,
+                dtype="float32")
+    r = {n: as_ref(m, False) for n, m in _masters(case, Draw(case["seed"])).items()}
+    size = output_term_sizes(case, r, None)
+    q, k, v, beta = r["q"][0, 0, 0], r["k"][0, 0, 0], r["v"][0, 0, 0], r["beta"][0, 0, 0]
+    want = 0.3 * beta.abs() * v.abs() * (q * k).pow(2).sum().sqrt()
+    torch.testing.assert_close(size[0, 0, 0], want, rtol=1e-12, atol=0)
+
+
+def _outputs_times(real, factor: float):
+    """``real`` with its output (the first result) multiplied by ``factor``."""
+    def op(*args, **kwargs):
+        o, ht = real(*args, **kwargs)
+        return o * factor, ht
+
+    return op
+
+
+@pytest.mark.parametrize("op", ["chunk_kda", "fused_recurrent_gated_delta_rule"])
+def test_outputs_off_by_three_bounds_are_found(monkeypatch, op):
+    """The output is also compared at the RMS of its terms' root-sum-squares over the key channels
+    (``output_term_sizes``), which without cancellation is about its own RMS: a float32 case passes as
+    drawn, and fails once the output is off by three times the table's RMS bound."""
+    from lamina.fuzz.delta import check_delta
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(H=1, ratio=1, B=1, T=33, lens=None, grad=False, dtype="float32")
+    check_delta(case)
+    monkeypatch.setattr(lamina, op, _outputs_times(getattr(lamina, op), 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]))
+    with pytest.raises(AssertionError, match="^o: RMS error ratio"):
+        check_delta(case)
+
+
+@pytest.mark.parametrize("op", ["DeltaNet", "GatedDeltaNet", "KimiDeltaAttention", "GatedDeltaNet2"])
+def test_layer_outputs_off_by_three_bounds_are_found(monkeypatch, op):
+    """A layer's output is also compared at its op's output terms carried through the layer
+    (``_output_scale``): a 17-token float32 case passes as drawn, and fails once the output is off by three
+    times the table's RMS bound."""
+    from lamina.fuzz import layers
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch", dtypes=("float32",))
+    case.update(B=1, T=17, grad=False)
+    layers.check_layer(case)
+    real = layers.build_layer
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+
+    def planted(c):  # the layer under test only: its float64 and float32 copies keep the hook, unplanted
+        layer = real(c)
+        proj = layer.o_proj
+        proj.register_forward_hook(lambda module, args, out: out * factor if module is proj else out)
+        return layer
+
+    monkeypatch.setattr(layers, "build_layer", planted)
+    with pytest.raises(AssertionError, match="^y: RMS error ratio"):
+        layers.check_layer(case)
+
+
 @pytest.mark.parametrize("op,gate_in_kernel", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
                                                ("chunk_kda", True), ("fused_recurrent_gated_delta_rule", True)])
 def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_kernel):

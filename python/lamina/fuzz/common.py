@@ -95,10 +95,11 @@ def compare_in_stages(compare: Callable[[dict[str, float], object], None],
                       baseline: Callable[[], object] | None = None) -> None:
     """Run ``compare(scales, base)`` (it raises ``AssertionError`` on a miss) at most three times, each a
     wider floor than the last: without the sum-of-terms ``scales`` (``compare({}, None)``); on a miss with
-    them, where the case has gradients (``scales`` given); on a miss again against a plain float32 run,
-    where the case is float32 (``baseline`` given: it runs that and returns what ``compare`` takes as
-    ``base``). The scales only ever raise a gradient's floor, so a case that passes without them passes
-    with them: they are worked out (the oracle once or twice more) only once, and only after a miss."""
+    them, where ``scales`` is given (it works them out: result or gradient name -> floor); on a miss again
+    against a plain float32 run, where the case is float32 (``baseline`` given: it runs that and returns
+    what ``compare`` takes as ``base``). The scales only ever raise a floor, so a case that passes without
+    them passes with them: they are worked out (the oracle a few times more) only once, and only after a
+    miss."""
     scales = functools.cache(scales) if scales is not None else None
     try:
         try:

@@ -6,7 +6,8 @@ itself, in float64, to the same rounded inputs the op gets, then calls
 every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
 compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log``, ``dt_bias`` and
 ``beta``, which sum a term per gate element or per channel, relative to the root-sum-square of their terms;
-every gradient also relative to its terms per value channel, ``_parameter_scales``).
+every gradient also relative to its terms per value channel, ``_parameter_scales``, and the output to its
+terms per key channel, ``output_term_sizes``).
 """
 
 from __future__ import annotations
@@ -226,8 +227,11 @@ def check_delta(case: dict) -> None:
             backward([o_c, ht_c if case["output_final_state"] else None], [do, dht])
         return base, (o_b, ht_b)
 
-    compare_in_stages(compare, (lambda: _parameter_scales(case, refs, cu_cpu, [do, dht])) if grad else None,
-                      baseline if dtype == torch.float32 else None)
+    def scales() -> dict[str, float]:
+        found = {"o": output_term_sizes(case, refs, cu_cpu).pow(2).mean().sqrt().item()}
+        return (found | _parameter_scales(case, refs, cu_cpu, [do, dht])) if grad else found
+
+    compare_in_stages(compare, scales, baseline if dtype == torch.float32 else None)
 
 
 def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
@@ -279,6 +283,35 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     return scales
 
 
+# The most blocks of channels a sum over key or value channels is split into for its terms
+# (``_channel_blocks``): every channel is a block of its own up to this width (the fuzzer's CPU cases), and
+# a GPU case's oracle work stays bounded.
+MOST_TERM_BLOCKS = 16
+
+
+def _channel_blocks(n: int) -> torch.Tensor:
+    """``[blocks, n]`` float64 0/1 masks of at most ``MOST_TERM_BLOCKS`` blocks of adjacent channels of ``n``."""
+    blocks = min(n, MOST_TERM_BLOCKS)
+    which = torch.arange(n) * blocks // n
+    return (which[None] == torch.arange(blocks)[:, None]).double()
+
+
+def output_term_sizes(case: dict, r: dict, cu: torch.Tensor | None) -> torch.Tensor:
+    """The root-sum-square of the output's terms ``scale q_c S[c, :]`` over the key channels ``c`` (in blocks,
+    ``_channel_blocks``), float64, in the output's shape. The output is linear in q as the kernels read it
+    (after the l2norm), so a block's terms are the oracle's output with q masked to the block. At one
+    token ``o = scale (q . k) beta v``, and where ``q . k`` cancels, the output's error is the rounding of
+    its terms, not of itself."""
+    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    plain = {n: None if t is None else t.detach() for n, t in r.items()} | {"k": k.detach()}
+    squares = torch.zeros(())
+    with torch.no_grad():
+        for block in _channel_blocks(q.shape[-1]):
+            o, _ = _oracle({**case, "l2norm": False}, plain | {"q": q.detach() * block}, cu)
+            squares = squares + o.pow(2)
+    return squares.sqrt()
+
+
 def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
     """Every input's gradient as a sum of one term per value channel ``c``: the gradient of
     ``<o[..., c], do[..., c]> + <ht[..., c], dht[..., c]>`` (the value columns of the state evolve apart, so
@@ -287,18 +320,17 @@ def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotan
     new values times dO) the gradient is compared at the RMS of their root-sum-squares
     (``reduction_scale(rms=True)``). For a value-side input (v, w, the initial state) each element has one
     term, and the scale is the gradient's own RMS: no change. All channels in one batched backward of the
-    oracle (``is_grads_batched``)."""
+    oracle (``is_grads_batched``), in at most ``MOST_TERM_BLOCKS`` blocks of channels."""
     r = {n: None if t is None else t.detach().requires_grad_(t.requires_grad) for n, t in refs.items()}
     leaves = {n: t for n, t in r.items() if t is not None and t.requires_grad}
     o, ht = _oracle(case, r, cu)
     pairs = [(o, cotangents[0], o.dim() - 1)]
     if case["output_final_state"]:
         pairs.append((ht, cotangents[1], ht.dim() - (2 if case["state_v_first"] else 1)))
-    V = o.shape[-1]
-    one_hot = torch.eye(V, dtype=torch.float64)
+    blocks = _channel_blocks(o.shape[-1])
 
-    def per_channel(c: torch.Tensor, axis: int) -> torch.Tensor:  # [V, *c.shape]: c masked to each channel
-        mask = one_hot.view(V, *[V if d == axis else 1 for d in range(c.dim())])
+    def per_channel(c: torch.Tensor, axis: int) -> torch.Tensor:  # [blocks, *c.shape]: c masked to each block
+        mask = blocks.view(len(blocks), *[blocks.shape[1] if d == axis else 1 for d in range(c.dim())])
         return c.to(torch.float64)[None] * mask
 
     grads = torch.autograd.grad([out for out, _, _ in pairs], list(leaves.values()),
@@ -357,7 +389,7 @@ def _compare(case: dict, x: dict, refs: dict, outs: tuple, outs_ref: tuple, scal
              base: dict | None = None, outs_base: tuple = (None, None)) -> None:
     dtype = DTYPES[case["dtype"]]
     (o, ht), (o_ref, ht_ref), (o_b, ht_b) = outs, outs_ref, outs_base
-    assert_close("o", o, o_ref, dtype=dtype, baseline=o_b)
+    assert_close("o", o, o_ref, dtype=dtype, baseline=o_b, scale=scales.get("o"))
     if case["output_final_state"]:
         if ht is None:
             raise AssertionError("final_state: None with output_final_state=True")

@@ -2,7 +2,8 @@
 of itself with the same weights, run on CPU through the PyTorch ops (``backend="torch"``, or
 PyTorch dispatch for the fla-compatible layers, which take no backend). Compared: the output, the
 input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table; the gate's
-``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms)."""
+``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms, the output also relative to its
+op's output terms carried through the layer)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, compare_in_stages, pytorch_dispatch
-from lamina.fuzz.delta import _decay_scales, _oracle, _per_gate, decay_term_sizes
+from lamina.fuzz.delta import _decay_scales, _oracle, _per_gate, decay_term_sizes, output_term_sizes
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale, reduction_scale
 
@@ -105,7 +106,10 @@ def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], t
             shaped = _per_gate(p.detach(), g)
             a[arg] = shaped.expand(g.shape).clone().requires_grad_()
             terms.setdefault(owner, []).append((a[arg], (1, 1, *shaped.shape)))
-        record.outputs = naive(*bound.args, **bound.kwargs)
+        o, ht = naive(*bound.args, **bound.kwargs)
+        # zero, a leaf: y's derivatives by the op's output (_output_scale)
+        record.slack = torch.zeros_like(o, requires_grad=True)
+        record.outputs = (o + record.slack, ht)
         for out in record.outputs:
             if out is not None and out.requires_grad:
                 out.retain_grad()
@@ -164,6 +168,7 @@ class _OpCall:
         self.owners: dict[str, str] = {}
         self.layer_gates: list[_LayerGate] = []
         self.outputs: tuple = (None, None)
+        self.slack: torch.Tensor | None = None
 
     def scales(self) -> dict[str, float]:
         """The layer's gate parameters at the size of the terms the chunked backward sums into the log decay's
@@ -204,25 +209,48 @@ def naive_delta_ops(params: dict[str, torch.Tensor] | None = None,
             setattr(ops, name, op)
 
 
-def _parameter_scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
-    """``A_log`` and ``dt_bias`` sum one term per gate element: their gradients are compared relative to
-    the root-sum-square of those terms (``lamina.testing.reduction_scale``). For the in-kernel gate, the
-    float64 gradients of the parameters broadcast to the gate's shape where the layer hands them to its
-    delta-rule op; for a gate the layer forms itself (GatedDeltaNet2), ``dg`` at the op times each gate
-    element's derivative by the parameter (``_LayerGate``). Either is also taken at the size of the terms
-    the op's chunked backward sums into ``dg`` (``_OpCall.scales``), as the op cases take it."""
+def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | None) -> dict[str, float]:
+    """The output ``y`` at its delta-rule op's output terms carried through the layer (``_output_scale``).
+    With ``dy`` (a case with gradients): ``A_log`` and ``dt_bias`` sum one term per gate element: their
+    gradients are compared relative to the root-sum-square of those terms
+    (``lamina.testing.reduction_scale``). For the in-kernel gate, the float64 gradients of the parameters
+    broadcast to the gate's shape where the layer hands them to its delta-rule op; for a gate the layer
+    forms itself (GatedDeltaNet2), ``dg`` at the op times each gate element's derivative by the parameter
+    (``_LayerGate``). Either is also taken at the size of the terms the op's chunked backward sums into
+    ``dg`` (``_OpCall.scales``), as the op cases take it."""
     copy64 = copy.deepcopy(oracle)
     terms: dict[str, list] = {}
     with pytorch_dispatch(), naive_delta_ops(dict(copy64.named_parameters()), terms):
-        _forward(copy64, x_ref.detach()).backward(dy, retain_graph=True)
+        y = _forward(copy64, x_ref.detach())
+        if dy is not None:
+            y.backward(dy, retain_graph=True)
 
     calls = terms.pop(_CALLS, [])
     scales = {n: max((reduction_scale(t.grad, shape) for t, shape in uses if t.grad is not None), default=0.0)
               for n, uses in terms.items()}
     for call in calls:
-        for n, value in call.scales().items():
+        for n, value in (call.scales() if dy is not None else {}).items():
             scales[n] = max(scales.get(n, 0.0), value)
+    if calls:
+        scales["y"] = _output_scale(y, calls)
     return scales
+
+
+def _output_scale(y: torch.Tensor, calls: list[_OpCall]) -> float:
+    """The size of y's error where the op's output has errors of its terms' size
+    (``lamina.fuzz.delta.output_term_sizes``): at each element ``i`` of y the root-sum-square of
+    ``dy_i/do_j * size_j`` over the op's output elements ``j``, the terms carried through the layer's output
+    side to first order, and their RMS over y (``reduction_scale(rms=True)``'s measure). The derivatives are
+    y's by the zero ``slack`` each call added to its output, one backward per element of y, through the
+    output side only."""
+    slacks = [call.slack for call in calls]
+    sizes = [output_term_sizes(call.case, call.r, call.cu) for call in calls]
+    flat = y.reshape(-1)
+    squares = 0.0
+    for i in range(flat.numel()):
+        grads = torch.autograd.grad(flat[i], slacks, retain_graph=True, allow_unused=True)
+        squares += sum((g * size).pow(2).sum().item() for g, size in zip(grads, sizes) if g is not None)
+    return (squares / max(flat.numel(), 1)) ** 0.5
 
 
 def _forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -268,13 +296,13 @@ def check_layer(case: dict) -> None:
                 y_b.backward(dy.float())
         return x_b, y_b, dict(plain.named_parameters())
 
-    compare_in_stages(compare, (lambda: _parameter_scales(oracle, x_ref, dy)) if grad else None,
+    compare_in_stages(compare, lambda: _scales(oracle, x_ref, dy if grad else None),
                       baseline if dtype == torch.float32 else None)
 
 
 def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base=None) -> None:
     x_b, y_b, base_params = base if base is not None else (None, None, {})
-    assert_close("y", y, y_ref, dtype=dtype, baseline=y_b)
+    assert_close("y", y, y_ref, dtype=dtype, baseline=y_b, scale=scales.get("y"))
     if x.grad is None and x_ref.grad is None:
         return
     scale = gradient_scale([x_ref.grad, *(p.grad for p in ref_params.values())])
