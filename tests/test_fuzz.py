@@ -395,6 +395,31 @@ def test_layer_outputs_off_by_three_bounds_are_found(monkeypatch, op):
         layers.check_layer(case)
 
 
+@pytest.mark.parametrize("op,name", [("DeltaNet", "q_proj"), ("GatedDeltaNet", "b_proj"),
+                                     ("KimiDeltaAttention", "k_proj"), ("GatedDeltaNet2", "b_proj")])
+def test_layer_projection_gradients_off_by_three_bounds_are_found(monkeypatch, op, name):
+    """A layer's parameters are also compared at the value-channel terms of its op's input gradients carried
+    through the layer (``_input_scales``): a 17-token float32 case passes as drawn, and fails once the planted
+    projection's weight gradient is off by three times the table's RMS bound."""
+    from lamina.fuzz import layers
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch", dtypes=("float32",))
+    case.update(B=1, T=17, grad=True)
+    layers.check_layer(case)
+    real = layers.build_layer
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32]
+
+    def planted(c):
+        layer = real(c)
+        getattr(layer, name).weight.register_hook(lambda g: g * factor)
+        return layer
+
+    monkeypatch.setattr(layers, "build_layer", planted)
+    with pytest.raises(AssertionError, match=f"^d{name}.weight: RMS error ratio"):
+        layers.check_layer(case)
+
+
 @pytest.mark.parametrize("op,gate_in_kernel", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
                                                ("chunk_kda", True), ("fused_recurrent_gated_delta_rule", True)])
 def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_kernel):

@@ -313,19 +313,27 @@ def output_term_sizes(case: dict, r: dict, cu: torch.Tensor | None) -> torch.Ten
 
 
 def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
+    """Every input's gradient at the RMS of its terms' root-sum-squares over the value channels
+    (``value_channel_term_sizes``; ``reduction_scale(rms=True)``'s measure)."""
+    sizes = value_channel_term_sizes(case, refs, cu, cotangents)
+    return {n: size.pow(2).mean().sqrt().item() for n, size in sizes.items()}
+
+
+def value_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
+                             ) -> dict[str, torch.Tensor]:
     """Every input's gradient as a sum of one term per value channel ``c``: the gradient of
     ``<o[..., c], do[..., c]> + <ht[..., c], dht[..., c]>`` (the value columns of the state evolve apart, so
     these parts sum to the loss). The kernels' products over V (``dO S0^T``, ``dO U^T``, ``dR U^T``) round
     each term, so where the terms cancel (q's and k's at T = 1: ``k`` times one sum over the channels of the
-    new values times dO) the gradient is compared at the RMS of their root-sum-squares
-    (``reduction_scale(rms=True)``). For a value-side input (v, w, the initial state) each element has one
-    term, and the scale is the gradient's own RMS: no change. All channels in one batched backward of the
-    oracle (``is_grads_batched``), in at most ``MOST_TERM_BLOCKS`` blocks of channels."""
+    new values times dO) the gradient is compared at the size of its terms: here their root-sum-square at
+    each element, float64, in the input's shape. For a value-side input (v, w, the initial state) each
+    element has one term, and the size is the gradient's own magnitude. All channels in one batched backward
+    of the oracle (``is_grads_batched``), in at most ``MOST_TERM_BLOCKS`` blocks of channels."""
     r = {n: None if t is None else t.detach().requires_grad_(t.requires_grad) for n, t in refs.items()}
     leaves = {n: t for n, t in r.items() if t is not None and t.requires_grad}
     o, ht = _oracle(case, r, cu)
     pairs = [(o, cotangents[0], o.dim() - 1)]
-    if case["output_final_state"]:
+    if case["output_final_state"] and cotangents[1] is not None:
         pairs.append((ht, cotangents[1], ht.dim() - (2 if case["state_v_first"] else 1)))
     blocks = _channel_blocks(o.shape[-1])
 
@@ -336,8 +344,7 @@ def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotan
     grads = torch.autograd.grad([out for out, _, _ in pairs], list(leaves.values()),
                                 [per_channel(c, axis) for _, c, axis in pairs], is_grads_batched=True,
                                 allow_unused=True)
-    return {n: reduction_scale(g, (1, *t.shape), rms=True)
-            for (n, t), g in zip(leaves.items(), grads) if g is not None}
+    return {n: g.pow(2).sum(0).sqrt() for n, g in zip(leaves, grads) if g is not None}
 
 
 def decay_term_sizes(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list) -> torch.Tensor:

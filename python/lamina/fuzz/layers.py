@@ -3,7 +3,8 @@ of itself with the same weights, run on CPU through the PyTorch ops (``backend="
 PyTorch dispatch for the fla-compatible layers, which take no backend). Compared: the output, the
 input gradient and every parameter gradient (RMS error ratio, recurrence rows of the table; the gate's
 ``A_log`` and ``dt_bias`` relative to the root-sum-square of their terms, the output also relative to its
-op's output terms carried through the layer)."""
+op's output terms and every parameter gradient to its op's input-gradient terms, carried through the
+layer)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from typing import NamedTuple
 import torch
 
 from lamina.fuzz.common import DTYPES, Draw, compare_in_stages, pytorch_dispatch
-from lamina.fuzz.delta import _decay_scales, _oracle, _per_gate, decay_term_sizes, output_term_sizes
+from lamina.fuzz.delta import (
+    _decay_scales,
+    _oracle,
+    _per_gate,
+    decay_term_sizes,
+    output_term_sizes,
+    value_channel_term_sizes,
+)
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale, reduction_scale
 
@@ -106,6 +114,8 @@ def _broadcast_gate_parameters(name: str, op, params: dict[str, torch.Tensor], t
             shaped = _per_gate(p.detach(), g)
             a[arg] = shaped.expand(g.shape).clone().requires_grad_()
             terms.setdefault(owner, []).append((a[arg], (1, 1, *shaped.shape)))
+        # the op's inputs as the layer formed them (_input_scales)
+        record.inputs = {n: t for n, t in a.items() if isinstance(t, torch.Tensor) and t.grad_fn is not None}
         o, ht = naive(*bound.args, **bound.kwargs)
         # zero, a leaf: y's derivatives by the op's output (_output_scale)
         record.slack = torch.zeros_like(o, requires_grad=True)
@@ -169,6 +179,7 @@ class _OpCall:
         self.layer_gates: list[_LayerGate] = []
         self.outputs: tuple = (None, None)
         self.slack: torch.Tensor | None = None
+        self.inputs: dict[str, torch.Tensor] = {}
 
     def scales(self) -> dict[str, float]:
         """The layer's gate parameters at the size of the terms the chunked backward sums into the log decay's
@@ -211,8 +222,9 @@ def naive_delta_ops(params: dict[str, torch.Tensor] | None = None,
 
 def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | None) -> dict[str, float]:
     """The output ``y`` at its delta-rule op's output terms carried through the layer (``_output_scale``).
-    With ``dy`` (a case with gradients): ``A_log`` and ``dt_bias`` sum one term per gate element: their
-    gradients are compared relative to the root-sum-square of those terms
+    With ``dy`` (a case with gradients): every parameter (and the input, as ``"x"``) at its op's input
+    gradients' terms carried through the layer (``_input_scales``); ``A_log`` and ``dt_bias`` sum one term
+    per gate element: their gradients are compared relative to the root-sum-square of those terms
     (``lamina.testing.reduction_scale``). For the in-kernel gate, the float64 gradients of the parameters
     broadcast to the gate's shape where the layer hands them to its delta-rule op; for a gate the layer
     forms itself (GatedDeltaNet2), ``dg`` at the op times each gate element's derivative by the parameter
@@ -221,7 +233,8 @@ def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | Non
     copy64 = copy.deepcopy(oracle)
     terms: dict[str, list] = {}
     with pytorch_dispatch(), naive_delta_ops(dict(copy64.named_parameters()), terms):
-        y = _forward(copy64, x_ref.detach())
+        x = x_ref.detach().requires_grad_(dy is not None)
+        y = _forward(copy64, x)
         if dy is not None:
             y.backward(dy, retain_graph=True)
 
@@ -231,9 +244,38 @@ def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | Non
     for call in calls:
         for n, value in (call.scales() if dy is not None else {}).items():
             scales[n] = max(scales.get(n, 0.0), value)
+    leaves = {"x": x, **dict(copy64.named_parameters())}  # the layer's input as "x"
+    for n, value in (_input_scales(calls, leaves) if dy is not None else {}).items():
+        scales[n] = max(scales.get(n, 0.0), value)
     if calls:
         scales["y"] = _output_scale(y, calls)
     return scales
+
+
+def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The gradients of the leaves ``params`` (the layer's parameters and input) where the op's input
+    gradients have errors of their terms' size per value channel
+    (``lamina.fuzz.delta.value_channel_term_sizes``): at each element ``i`` of a leaf the root-sum-square of
+    ``d in_j/d p_i * size_j`` over the op's input elements ``j``, those terms carried through the layer's
+    input side to first order, and their RMS over the leaf. One backward per input element, through the
+    input side only. At one token, beta scales the output, which the output norm
+    removes: d beta cancels over the value channels, and with it d b_proj."""
+    squares = {n: torch.zeros_like(p) for n, p in params.items()}
+    for call in calls:
+        o, ht = call.outputs
+        if o.grad is None:
+            continue
+        cotangents = [o.grad.detach(), None if ht is None or ht.grad is None else ht.grad.detach()]
+        case = {**call.case, "output_final_state": cotangents[1] is not None}
+        refs = {n: None if t is None else t.detach().requires_grad_(n in call.inputs) for n, t in call.r.items()}
+        for n, size in value_channel_term_sizes(case, refs, call.cu, cotangents).items():
+            flat, weights = call.inputs[n].reshape(-1), size.reshape(-1)
+            for j in range(flat.numel()):
+                grads = torch.autograd.grad(flat[j], list(params.values()), retain_graph=True, allow_unused=True)
+                for name, g in zip(params, grads):
+                    if g is not None:
+                        squares[name] += (g * weights[j]).pow(2)
+    return {n: sq.mean().sqrt().item() for n, sq in squares.items() if bool(sq.any())}
 
 
 def _output_scale(y: torch.Tensor, calls: list[_OpCall]) -> float:
@@ -306,7 +348,8 @@ def _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base=None) ->
     if x.grad is None and x_ref.grad is None:
         return
     scale = gradient_scale([x_ref.grad, *(p.grad for p in ref_params.values())])
-    assert_close("dx", x.grad, x_ref.grad, dtype=dtype, scale=scale, baseline=None if x_b is None else x_b.grad)
+    assert_close("dx", x.grad, x_ref.grad, dtype=dtype, scale=max(scale, scales.get("x", 0.0)),
+                 baseline=None if x_b is None else x_b.grad)
     for name, p in layer.named_parameters():
         ref = ref_params[name].grad
         if p.grad is None or ref is None:
