@@ -212,6 +212,7 @@ def check_delta(case: dict) -> None:
         do, dht = draw.cotangent(o.shape, o.dtype), draw.cotangent(ht_ref.shape, torch.float32)
         backward([o, ht], [do, dht])
         backward([o_ref, ht_ref if case["output_final_state"] else None], [do, dht])
+
     def compare(scales: dict[str, float], base: tuple | None) -> None:
         _compare(case, x, refs, (o, ht), (o_ref, ht_ref), scales, *(base or ()))
 
@@ -284,8 +285,9 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
 
 
 # The most blocks of channels a sum over key or value channels is split into for its terms
-# (``_channel_blocks``): every channel is a block of its own up to this width (the fuzzer's CPU cases), and
-# a GPU case's oracle work stays bounded.
+# (``_channel_blocks``): up to this width every channel is a term; a wider sum is split into blocks of
+# adjacent channels, a partial sum each (for terms that do not line up, of the same root-sum-square), which
+# bounds a GPU case's oracle work.
 MOST_TERM_BLOCKS = 16
 
 
@@ -304,7 +306,7 @@ def output_term_sizes(case: dict, r: dict, cu: torch.Tensor | None) -> torch.Ten
     its terms, not of itself."""
     q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
     plain = {n: None if t is None else t.detach() for n, t in r.items()} | {"k": k.detach()}
-    squares = torch.zeros(())
+    squares = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for block in _channel_blocks(q.shape[-1]):
             o, _ = _oracle({**case, "l2norm": False}, plain | {"q": q.detach() * block}, cu)

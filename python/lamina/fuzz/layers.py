@@ -258,8 +258,8 @@ def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict
     (``lamina.fuzz.delta.value_channel_term_sizes``): at each element ``i`` of a leaf the root-sum-square of
     ``d in_j/d p_i * size_j`` over the op's input elements ``j``, those terms carried through the layer's
     input side to first order, and their RMS over the leaf. One backward per input element, through the
-    input side only. At one token, beta scales the output, which the output norm
-    removes: d beta cancels over the value channels, and with it d b_proj."""
+    input side only. At one token, beta scales the output, which the output norm removes: d beta cancels
+    over the value channels, and d b_proj with it."""
     squares = {n: torch.zeros_like(p) for n, p in params.items()}
     for call in calls:
         o, ht = call.outputs
@@ -270,7 +270,7 @@ def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict
         refs = {n: None if t is None else t.detach().requires_grad_(n in call.inputs) for n, t in call.r.items()}
         for n, size in value_channel_term_sizes(case, refs, call.cu, cotangents).items():
             flat, weights = call.inputs[n].reshape(-1), size.reshape(-1)
-            for j in range(flat.numel()):
+            for j in torch.nonzero(weights).flatten().tolist():
                 grads = torch.autograd.grad(flat[j], list(params.values()), retain_graph=True, allow_unused=True)
                 for name, g in zip(params, grads):
                     if g is not None:
@@ -325,6 +325,7 @@ def check_layer(case: dict) -> None:
         with pytorch_dispatch():
             y_ref.backward(dy)
     ref_params = dict(oracle.named_parameters())
+
     def compare(scales: dict[str, float], base: tuple | None) -> None:
         _compare(layer, x, y, ref_params, x_ref, y_ref, dtype, scales, base)
 
