@@ -114,6 +114,13 @@ def compare_in_stages(compare: Callable[[dict[str, float], object], None],
         compare(scales() if scales is not None else {}, baseline())
 
 
+def raise_floors(scales: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """``scales`` with each of ``more``'s floors taken where it is larger (in place; returned)."""
+    for name, value in more.items():
+        scales[name] = max(scales.get(name, 0.0), value)
+    return scales
+
+
 def float32_copies(inputs: dict[str, torch.Tensor | None], grad: bool) -> dict[str, torch.Tensor | None]:
     """float32 CPU leaves with the values of ``inputs``: the inputs of a plain float32 baseline run."""
     return {n: None if t is None else t.detach().float().cpu().requires_grad_(grad) for n, t in inputs.items()}

@@ -26,6 +26,7 @@ from lamina.fuzz.common import (
     float32_copies,
     leaf,
     offsets,
+    raise_floors,
 )
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, reduction_scale
@@ -57,6 +58,11 @@ def _per_gate(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     if p.shape == g.shape:
         return p
     return p.reshape(g.shape[2], *([-1] if g.dim() == 4 else []))
+
+
+def read_rows(case: dict, r: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as the kernels read them: after the l2norm where the case fuses it."""
+    return (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
 
 
 def beta64(beta: torch.Tensor, sigmoid: bool, neg_eigval: bool) -> torch.Tensor:
@@ -166,7 +172,7 @@ def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
     from lamina.reference import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
 
     spec = DELTA_SPECS[case["op"]]
-    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    q, k = read_rows(case, r)
     g = _log_decay(case, r)
     if spec.gates == "bw":
         erase, write = r["b"], r["w"]
@@ -229,7 +235,8 @@ def check_delta(case: dict) -> None:
         return base, (o_b, ht_b)
 
     def scales() -> dict[str, float]:
-        found = {"o": output_term_sizes(case, refs, cu_cpu).pow(2).mean().sqrt().item()}
+        size = output_term_sizes(case, refs, cu_cpu)
+        found = {"o": reduction_scale(size, size.shape, rms=True)}
         return (found | _parameter_scales(case, refs, cu_cpu, [do, dht])) if grad else found
 
     compare_in_stages(compare, scales, baseline if dtype == torch.float32 else None)
@@ -278,10 +285,8 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
     if gates is not None:
         terms = torch.cat([torch.zeros_like(x) if x.grad is None else x.grad for x in gates], dim=-1)
         found["beta"] = reduction_scale(terms, (*beta.shape, 1))
-    for part in (found, _decay_scales(case, r, cu, cotangents, decay) if decay else {}):
-        for n, value in part.items():
-            scales[n] = max(scales.get(n, 0.0), value)
-    return scales
+    raise_floors(scales, found)
+    return raise_floors(scales, _decay_scales(case, r, cu, cotangents, decay) if decay else {})
 
 
 # The most blocks of channels a sum over key or value channels is split into for its terms
@@ -304,7 +309,7 @@ def output_term_sizes(case: dict, r: dict, cu: torch.Tensor | None) -> torch.Ten
     (after the l2norm), so a block's terms are the oracle's output with q masked to the block. At one
     token ``o = scale (q . k) beta v``, and where ``q . k`` cancels, the output's error is the rounding of
     its terms, not of itself."""
-    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    q, k = read_rows(case, r)
     plain = {n: None if t is None else t.detach() for n, t in r.items()} | {"k": k.detach()}
     squares = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
@@ -318,7 +323,7 @@ def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotan
     """Every input's gradient at the RMS of its terms' root-sum-squares over the value channels
     (``value_channel_term_sizes``; ``reduction_scale(rms=True)``'s measure)."""
     sizes = value_channel_term_sizes(case, refs, cu, cotangents)
-    return {n: size.pow(2).mean().sqrt().item() for n, size in sizes.items()}
+    return {n: reduction_scale(size, size.shape, rms=True) for n, size in sizes.items()}
 
 
 def value_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
@@ -352,7 +357,7 @@ def value_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, co
 def decay_term_sizes(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list) -> torch.Tensor:
     """The root-sum-square of the terms the chunked backward sums into the log decay's gradient at each of
     its elements (``_decay_scales``), float64, in the log decay's shape."""
-    q, k = (l2norm64(r["q"]), l2norm64(r["k"])) if case["l2norm"] else (r["q"], r["k"])
+    q, k = read_rows(case, r)
     group = r["v"].shape[2] // r["q"].shape[2]
     rows = {n: x.detach().repeat_interleave(group, dim=2).requires_grad_() for n, x in (("q", q), ("k", k))}
     o, ht = _oracle({**case, "l2norm": False}, {n: None if t is None else t.detach() for n, t in r.items()} | rows,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from lamina.fuzz.common import DTYPES, Draw, compare_in_stages, pytorch_dispatch
+from lamina.fuzz.common import DTYPES, Draw, compare_in_stages, pytorch_dispatch, raise_floors
 from lamina.fuzz.delta import (
     _decay_scales,
     _oracle,
@@ -198,7 +198,7 @@ class _OpCall:
             for gate in self.layer_gates:
                 if gate.g.grad is not None and size.shape == gate.g.shape:
                     terms = gate.scale(torch.maximum(size, gate.g.grad.abs()))
-                    scales[gate.owner] = max(scales.get(gate.owner, 0.0), terms)
+                    raise_floors(scales, {gate.owner: terms})
         return scales
 
 
@@ -241,12 +241,10 @@ def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | Non
     calls = terms.pop(_CALLS, [])
     scales = {n: max((reduction_scale(t.grad, shape) for t, shape in uses if t.grad is not None), default=0.0)
               for n, uses in terms.items()}
-    for call in calls:
-        for n, value in (call.scales() if dy is not None else {}).items():
-            scales[n] = max(scales.get(n, 0.0), value)
-    leaves = {"x": x, **dict(copy64.named_parameters())}  # the layer's input as "x"
-    for n, value in (_input_scales(calls, leaves) if dy is not None else {}).items():
-        scales[n] = max(scales.get(n, 0.0), value)
+    if dy is not None:
+        for call in calls:
+            raise_floors(scales, call.scales())
+        raise_floors(scales, _input_scales(calls, {"x": x, **dict(copy64.named_parameters())}))  # input as "x"
     if calls:
         scales["y"] = _output_scale(y, calls)
     return scales
@@ -275,7 +273,7 @@ def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict
                 for name, g in zip(params, grads):
                     if g is not None:
                         squares[name] += (g * weights[j]).pow(2)
-    return {n: sq.mean().sqrt().item() for n, sq in squares.items() if bool(sq.any())}
+    return {n: reduction_scale(sq.sqrt(), sq.shape, rms=True) for n, sq in squares.items() if bool(sq.any())}
 
 
 def _output_scale(y: torch.Tensor, calls: list[_OpCall]) -> float:
