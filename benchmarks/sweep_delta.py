@@ -91,7 +91,10 @@ def config(device: str, dry_run: bool, providers: list[str], modes: list[str], b
                        time_budget_s=budget, measure_ceilings=False)
 
 
-def run(device: str, dry_run: bool, out: str, budget_s: float) -> list[dict[str, Any]]:
+def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, ...] = OPS,
+        baseline_share: float = BASELINE_SHARE, alternatives: bool = True) -> list[dict[str, Any]]:
+    """Time the defaults and fla (``baseline_share`` of ``budget_s`` at most), then each alternative that
+    changes one of ``ops``; records appended to ``out``."""
     writer = ResultWriter(out)
     renamed = _Renamed(writer)
     records: list[dict[str, Any]] = []
@@ -103,20 +106,22 @@ def run(device: str, dry_run: bool, out: str, budget_s: float) -> list[dict[str,
         print(f"{task.op:<17} {task.mode:<8} {task.label:<22} {name:<34} {rec['status']:<8} "
               f"{rec.get('ms') or rec.get('reason') or ''}", flush=True)
 
-    def suite(providers: list[str], modes: list[str], budget: float, ops: tuple[str, ...] = OPS) -> None:
-        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0), ops), renamed, progress)
+    def suite(providers: list[str], modes: list[str], budget: float, of: tuple[str, ...]) -> None:
+        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0), of), renamed, progress)
         records.extend(got)
 
+    chosen = [(t, m, tuple(op for op in changed if op in ops)) for t, m, changed in ALTERNATIVES]
+    chosen = [(t, m, changed) for t, m, changed in chosen if changed and alternatives]
     try:
-        suite([LAMINA, fla], list(MODES), budget_s * BASELINE_SHARE)
-        for n, (tuning, modes, ops) in enumerate(ALTERNATIVES):
+        suite([LAMINA, fla], list(MODES), budget_s * (baseline_share if chosen else 1.0), ops)
+        for n, (tuning, modes, changed) in enumerate(chosen):
             left = budget_s - (time.monotonic() - start)
             if left <= 1.0:
                 print(f"time budget spent: {tuning.label()} and later alternatives not run")
                 break
             renamed.suffix = tuning.label()
             with delta_tuning(**tuning.choices()):
-                suite([LAMINA], list(modes), left / (len(ALTERNATIVES) - n), ops)
+                suite([LAMINA], list(modes), left / (len(chosen) - n), changed)
     finally:
         renamed.suffix = ""
         writer.close()
@@ -177,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="sweep_delta.jsonl", help="records (JSON lines, appended)")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds (default 300 on a GPU)")
     parser.add_argument("--report-from", metavar="FILE.jsonl", help="only print the report of saved records")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS),
+                        help="the variants to time (one process each on a GPU keeps a fault in one from the rest)")
+    parser.add_argument("--baseline-share", type=float, default=BASELINE_SHARE,
+                        help=f"share of the budget for the defaults and fla (default {BASELINE_SHARE})")
+    parser.add_argument("--no-alternatives", action="store_true", help="time the defaults and fla only")
     args = parser.parse_args(argv)
     if args.report_from:
         print(report(read_results([args.report_from])))
@@ -187,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.device != "cuda":
         parser.error("the sweep times lamina's Triton kernels: --device cuda, or --dry-run on the CPU")
     budget = args.time_budget if args.time_budget is not None else (120.0 if args.dry_run else GPU_TIME_BUDGET_S)
-    records = run(args.device, args.dry_run, args.out, budget)
+    if not 0 < args.baseline_share <= 1:
+        parser.error(f"--baseline-share must be in (0, 1], got {args.baseline_share}")
+    records = run(args.device, args.dry_run, args.out, budget, tuple(args.ops), args.baseline_share,
+                  not args.no_alternatives)
     print(report(records))
     return 0
 
