@@ -12,7 +12,8 @@ from lamina.bench import eager, specs
 from lamina.bench.ceilings import Ceilings, measure_ceilings, roofline_fractions
 from lamina.bench.inputs import grad_leaves, make_inputs
 from lamina.bench.results import ResultWriter, default_results_path, environment, read_results, repo_root
-from lamina.bench.timing import SLOW_CALL_REPEATS, TimingConfig, time_fn
+from lamina.bench.suite import SuiteConfig, _time_warm
+from lamina.bench.timing import SLOW_CALL_REPEATS, TimingConfig, time_fn, wall_time_once
 from tests.tolerances import assert_close
 
 
@@ -48,6 +49,40 @@ def test_no_repeats_times_the_call_already_made():
     config = TimingConfig(slow_call_s=0.005, slow_call_repeats=0)
     t = time_fn(lambda: calls.append(time.sleep(0.02)), "cpu", config=config)
     assert (t.method, t.runs, len(calls)) == ("single call", 1, 1) and t.median_ms >= 20
+
+
+def _compiling_call(first_s: float, then_s: float):
+    """A call whose first run takes ``first_s`` (a JIT compile and autotune) and every later one ``then_s``."""
+    calls = []
+
+    def fn():
+        time.sleep(first_s if not calls else then_s)
+        calls.append(None)
+
+    return fn, calls
+
+
+@pytest.mark.parametrize("deadline_in_s", [None, 0.0])
+def test_the_compiling_first_call_is_never_the_timing(deadline_in_s):
+    # a first call of 0.3 s (compiling), then calls of 2 ms: the timing is of the fast calls, with or without a
+    # deadline that leaves no time for repeats
+    fn, calls = _compiling_call(0.3, 0.002)
+    cfg = SuiteConfig(device="cpu", ops=[], providers=[], shape_set="tiny",
+                      timing=TimingConfig(slow_call_s=0.1, cpu_min_run_s=0.02))
+    first = wall_time_once(fn, "cpu")
+    deadline = None if deadline_in_s is None else time.monotonic() + deadline_in_s
+    t = _time_warm(fn, cfg, [], first, deadline)
+    assert t.method == "torch.utils.benchmark" and t.median_ms < 100, t
+    assert len(calls) > 2
+
+
+def test_a_slow_warm_call_is_the_timing_when_the_deadline_is_near():
+    # slow after compiling too (0.15 s > slow_call_s): with no time for repeats, the second call is the timing
+    fn, calls = _compiling_call(0.4, 0.15)
+    cfg = SuiteConfig(device="cpu", ops=[], providers=[], shape_set="tiny", timing=TimingConfig(slow_call_s=0.1))
+    t = _time_warm(fn, cfg, [], wall_time_once(fn, "cpu"), time.monotonic())
+    assert (t.method, t.runs, len(calls)) == ("single call (time budget)", 1, 2)
+    assert 150 <= t.median_ms < 390, t
 
 
 def test_roofline_fractions_by_hand():

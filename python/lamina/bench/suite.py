@@ -23,7 +23,7 @@ from lamina.bench.inputs import grad_leaves, make_inputs
 from lamina.bench.providers import PROVIDERS, ProviderSkip, get_provider, output_of
 from lamina.bench.results import ResultWriter, environment
 from lamina.bench.specs import QUICK_CUDA_SHAPES, QUICK_OPS, get_op, shape_label, shapes_for
-from lamina.bench.timing import Timing, TimingConfig, time_fn, wall_time_once
+from lamina.bench.timing import Timing, TimingConfig, reset_grads, time_fn, wall_time_once
 
 # Execution order within a case: lamina and the fused libraries first, slow baselines last.
 PROVIDER_ORDER = ("lamina-triton", "lamina-cuda", "fla", "flash-attn", "sdpa-flash", "sdpa-cudnn",
@@ -165,13 +165,30 @@ def _prepare(task: Task, x: dict[str, Any], device: str) -> tuple[Callable[[], A
     return (lambda: output_of(bound.fn()).backward(dout)), leaves
 
 
+def _time_warm(fn: Callable[[], Any], cfg: SuiteConfig, leaves: list[torch.Tensor], first_s: float,
+               deadline: float | None) -> Timing:
+    """Time ``fn`` after its first call took ``first_s``.
+
+    A first call compiles and autotunes (Triton's JIT): it is never the measurement. When it was slow, a
+    second call decides whether ``fn`` itself is slow; when it is and repeating it would overrun
+    ``deadline`` (``time.monotonic()`` seconds), that second call is the measurement. A dry run's timing
+    (``slow_call_repeats=0``: interpreter timings, no result) is the first call, to keep it short.
+    """
+    warm_s = first_s
+    if first_s > cfg.timing.slow_call_s and cfg.timing.slow_call_repeats > 0:
+        reset_grads(leaves)
+        warm_s = wall_time_once(fn, cfg.device)
+    repeats_s = cfg.timing.slow_call_repeats * warm_s
+    if warm_s > cfg.timing.slow_call_s and deadline is not None and time.monotonic() + repeats_s > deadline:
+        ms = 1e3 * warm_s
+        return Timing(ms, ms, ms, 1, "single call (time budget)")
+    return time_fn(fn, cfg.device, leaves, cfg.timing, first_call_s=warm_s)
+
+
 def measure(task: Task, cache: _InputCache, cfg: SuiteConfig, ceilings: Ceilings | None,
             deadline: float | None = None) -> dict[str, Any]:
-    """Run one task; the record has status ok, skipped or error.
-
-    When the first (warm-up) call is slow and repeating it would overrun ``deadline``
-    (``time.monotonic()`` seconds), that one call is the measurement.
-    """
+    """Run one task; the record has status ok, skipped or error, and an ok one ``first_call_ms``, the first
+    call's time (compiles and autotuning included), which is never the measurement (``_time_warm``)."""
     spec = get_op(task.op)
     rec: dict[str, Any] = {
         "kind": "result", "op": task.op, "shape": task.label, "params": task.params, "dtype": task.params["dtype"],
@@ -190,20 +207,14 @@ def measure(task: Task, cache: _InputCache, cfg: SuiteConfig, ceilings: Ceilings
             x = cache.get(task, requires_grad=task.mode != "fwd")
             fn, leaves = _prepare(task, x, cfg.device)
             first = wall_time_once(fn, cfg.device)
-        repeats_s = cfg.timing.slow_call_repeats * first
-        if first > cfg.timing.slow_call_s and deadline is not None and time.monotonic() + repeats_s > deadline:
-            ms = 1e3 * first
-            timing = Timing(ms, ms, ms, 1, "single call (time budget)")
-        else:
-            timing = time_fn(fn, cfg.device, leaves, cfg.timing, first_call_s=first)
+        timing = _time_warm(fn, cfg, leaves, first, deadline)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         status, why = classify(exc, [str(w.message) for w in caught])
         return {**rec, "status": status, "reason": why}
     finally:
-        for leaf in leaves:
-            leaf.grad = None
+        reset_grads(leaves)
     rec.update(status="ok", reason=None, ms=timing.median_ms, ms_p20=timing.p20_ms, ms_p80=timing.p80_ms,
-               runs=timing.runs, timer=timing.method)
+               runs=timing.runs, timer=timing.method, first_call_ms=1e3 * first)
     rec.update(roofline_fractions(rec["flops"], rec["bytes"], timing.median_ms, ceilings))
     return rec
 

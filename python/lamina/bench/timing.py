@@ -6,7 +6,8 @@ gradients reset to None between backward calls). CPU: ``torch.utils.benchmark``
 (``blocked_autorange`` with all of torch's threads; no cache flush: a CPU run
 streams its working set through caches it cannot flush cheaply, and the CPU sizes
 exceed L2 anyway). A call slower than ``slow_call_s`` is timed over a few single
-calls instead, so that one slow baseline cannot eat the suite's time budget.
+calls instead, so that one slow baseline cannot eat the suite's time budget. The call that
+compiles and autotunes (a case's first) is never timed: ``lamina.bench.suite`` makes it first.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _reset(leaves: Sequence[torch.Tensor]) -> None:
+def reset_grads(leaves: Sequence[torch.Tensor]) -> None:
+    """Set the ``.grad`` of every leaf to None (so that gradient accumulation is not timed)."""
     for x in leaves:
         x.grad = None
 
@@ -75,7 +77,7 @@ def wall_time_once(fn: Callable[[], object], device: str) -> float:
 def _single_calls(fn: Callable[[], object], device: str, leaves: Sequence[torch.Tensor], repeats: int) -> Timing:
     times = []
     for _ in range(repeats):
-        _reset(leaves)
+        reset_grads(leaves)
         times.append(1e3 * wall_time_once(fn, device))
     return _summary(times, "single calls")
 
@@ -91,10 +93,10 @@ def time_fn(
 
     ``leaves`` get their ``.grad`` reset to None before every call (backward modes), so
     that gradient accumulation is not timed. ``first_call_s``: the duration of a call
-    already made (the warm-up that checked the provider runs); it picks the slow path.
+    already made after the one that compiled (``lamina.bench.suite``); it picks the slow path.
     """
     if first_call_s is None:
-        _reset(leaves)
+        reset_grads(leaves)
         first_call_s = wall_time_once(fn, device)
     if first_call_s > config.slow_call_s:
         if config.slow_call_repeats == 0:
@@ -117,7 +119,7 @@ def _time_cpu(fn: Callable[[], object], leaves: Sequence[torch.Tensor], config: 
 
     if leaves:
         def call() -> None:
-            _reset(leaves)
+            reset_grads(leaves)
             fn()
     else:
         call = fn
