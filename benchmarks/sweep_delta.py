@@ -59,6 +59,8 @@ MIN_GAIN = 0.03
 BASELINE_SHARE = 0.4
 GPU_TIME_BUDGET_S = 300.0
 GPU_TIMING = TimingConfig(warmup_ms=10.0, rep_ms=40.0)
+# The warm pass (--warm): each case's first call only (its compiles and autotuning), no timing; no result.
+WARM_TIMING = TimingConfig(warmup_ms=1.0, rep_ms=1.0, slow_call_s=0.0, slow_call_repeats=0)
 # the dry run times the call that checked each provider runs, and no more (interpreter timings are no result)
 DRY_TIMING = TimingConfig(warmup_ms=1.0, rep_ms=5.0, cpu_min_run_s=0.01, slow_call_s=0.1, slow_call_repeats=0)
 LAMINA = "lamina-triton"
@@ -85,16 +87,19 @@ def _interpreter_provider() -> None:
 
 
 def config(device: str, dry_run: bool, providers: list[str], modes: list[str], budget: float | None,
-           ops: tuple[str, ...] = OPS) -> SuiteConfig:
+           ops: tuple[str, ...] = OPS, timing: TimingConfig | None = None) -> SuiteConfig:
+    timing = timing or (DRY_TIMING if dry_run else GPU_TIMING)
     return SuiteConfig(device=device, ops=list(ops), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
-                       op_modes={op: list(modes) for op in ops}, timing=DRY_TIMING if dry_run else GPU_TIMING,
-                       time_budget_s=budget, measure_ceilings=False)
+                       op_modes={op: list(modes) for op in ops}, timing=timing, time_budget_s=budget,
+                       measure_ceilings=False)
 
 
 def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, ...] = OPS,
-        baseline_share: float = BASELINE_SHARE, alternatives: bool = True) -> list[dict[str, Any]]:
+        baseline_share: float = BASELINE_SHARE, alternatives: bool = True, modes: tuple[str, ...] = MODES,
+        timing: TimingConfig | None = None) -> list[dict[str, Any]]:
     """Time the defaults and fla (``baseline_share`` of ``budget_s`` at most), then each alternative that
-    changes one of ``ops``; records appended to ``out``."""
+    changes one of ``ops`` in one of ``modes``; records appended to ``out``. ``timing``: the suite's timing
+    (``WARM_TIMING``: each case's first call only, the warm pass's)."""
     writer = ResultWriter(out)
     renamed = _Renamed(writer)
     records: list[dict[str, Any]] = []
@@ -106,62 +111,92 @@ def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, .
         print(f"{task.op:<17} {task.mode:<8} {task.label:<22} {name:<34} {rec['status']:<8} "
               f"{rec.get('ms') or rec.get('reason') or ''}", flush=True)
 
-    def suite(providers: list[str], modes: list[str], budget: float, of: tuple[str, ...]) -> None:
-        got, _ = run_suite(config(device, dry_run, providers, modes, max(budget, 1.0), of), renamed, progress)
+    def suite(providers: list[str], of_modes: list[str], budget: float, of: tuple[str, ...]) -> None:
+        cfg = config(device, dry_run, providers, of_modes, max(budget, 1.0), of, timing)
+        got, _ = run_suite(cfg, renamed, progress)
         records.extend(got)
 
-    chosen = [(t, m, tuple(op for op in changed if op in ops)) for t, m, changed in ALTERNATIVES]
-    chosen = [(t, m, changed) for t, m, changed in chosen if changed and alternatives]
+    chosen = [(t, tuple(m for m in changes if m in modes), tuple(op for op in changed if op in ops))
+              for t, changes, changed in ALTERNATIVES]
+    chosen = [(t, m, changed) for t, m, changed in chosen if m and changed and alternatives]
     try:
-        suite([LAMINA, fla], list(MODES), budget_s * (baseline_share if chosen else 1.0), ops)
-        for n, (tuning, modes, changed) in enumerate(chosen):
+        suite([LAMINA, fla], list(modes), budget_s * (baseline_share if chosen else 1.0), ops)
+        for n, (tuning, alt_modes, changed) in enumerate(chosen):
             left = budget_s - (time.monotonic() - start)
             if left <= 1.0:
                 print(f"time budget spent: {tuning.label()} and later alternatives not run")
                 break
             renamed.suffix = tuning.label()
             with delta_tuning(**tuning.choices()):
-                suite([LAMINA], list(modes), left / (len(chosen) - n), changed)
+                suite([LAMINA], list(alt_modes), left / (len(chosen) - n), changed)
     finally:
         renamed.suffix = ""
         writer.close()
     return records
 
 
-def _times(records: list[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
-    """{(op, mode, shape): {provider: ms}} of the successful timings."""
+def compile_timed(record: dict[str, Any]) -> bool:
+    """A record written before the suite kept a case's first call out of its timing (no ``first_call_ms``), whose
+    timing is that first call: Triton's compiles and autotuning, not the kernels."""
+    return record.get("timer") == "single call (time budget)" and "first_call_ms" not in record
+
+
+def _times(records: list[dict[str, Any]]) -> tuple[dict[tuple, dict[str, float]], dict[tuple, dict[str, str]], int]:
+    """{(op, mode, shape): {provider: ms}} of the successful timings, the timer of each, and how many records
+    were left out as ``compile_timed``."""
     times: dict[tuple, dict[str, float]] = defaultdict(dict)
+    timers: dict[tuple, dict[str, str]] = defaultdict(dict)
+    left_out = 0
     for r in records:
         if r.get("kind") == "result" and r.get("status") == "ok" and r.get("op") in OPS:
-            times[(r["op"], r["mode"], r["shape"])][r["provider"]] = float(r["ms"])
-    return times
+            if compile_timed(r):
+                left_out += 1
+                continue
+            case = (r["op"], r["mode"], r["shape"])
+            times[case][r["provider"]] = float(r["ms"])
+            timers[case][r["provider"]] = str(r.get("timer"))
+    return times, timers, left_out
+
+
+def _timer_note(timers: dict[str, str], *providers: str) -> str:
+    """Names the timers when two timings of a ratio come from different ones (do_bench and single calls)."""
+    used = [timers.get(p) for p in providers]
+    return "" if len(set(used)) == 1 else f"  (timers differ: {' / '.join(str(u) for u in used)})"
 
 
 def report(records: list[dict[str, Any]]) -> str:
     """lamina / fla per case; each alternative against the default; the defaults it would choose."""
-    times = _times(records)
+    times, timers, left_out = _times(records)
     env = next((r.get("env", {}) for r in records if r.get("kind") == "result"), {})
     lines = [f"delta-rule sweep on {env.get('device_name') or env.get('device') or '?'}, commit "
              f"{(env.get('commit') or '?')[:10]}, torch {env.get('torch')}, triton {env.get('triton')}"
              + (" (CPU: interpreter timings, a dry run, not a result)" if env.get("device") == "cpu" else ""),
              "lamina / fla (time ratio, < 1: lamina faster):"]
-    for (op, mode, shape), t in sorted(times.items()):
-        fla = t.get("fla", t.get("fla-naive-chunk"))
-        ours = t.get(LAMINA)
+    if left_out:
+        lines.insert(1, f"({left_out} records left out: timed by their first call, which compiled)")
+    for case, t in sorted(times.items()):
+        op, mode, shape = case
+        fla_name = "fla" if "fla" in t else "fla-naive-chunk"
+        fla, ours = t.get(fla_name), t.get(LAMINA)
         ratio = f"{ours / fla:.2f}" if ours and fla else "n/a"
+        note = _timer_note(timers[case], LAMINA, fla_name) if ours and fla else ""
         lines.append(f"  {op:<17} {mode:<8} {shape:<22} lamina {ours or float('nan'):8.3f} ms  "
-                     f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}")
+                     f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}{note}")
     lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
     chosen: dict[str, tuple[int, float]] = {}
     for tuning, _, _ in ALTERNATIVES:
         label = tuning.label()
         name = f"{LAMINA}[{label}]"
-        logs = [math.log(t[name] / t[LAMINA]) for t in times.values() if name in t and LAMINA in t]
-        for (op, mode, shape), t in sorted(times.items()):
+        # a default is chosen only from ratios of one timer
+        logs = [math.log(t[name] / t[LAMINA]) for case, t in times.items()
+                if name in t and LAMINA in t and not _timer_note(timers[case], name, LAMINA)]
+        for case, t in sorted(times.items()):
             if name in t and LAMINA in t:
-                lines.append(f"  {label:<16} {op:<17} {mode:<8} {shape:<22} {t[name] / t[LAMINA]:.3f}")
+                op, mode, shape = case
+                lines.append(f"  {label:<16} {op:<17} {mode:<8} {shape:<22} {t[name] / t[LAMINA]:.3f}"
+                             f"{_timer_note(timers[case], name, LAMINA)}")
         if not logs:
-            lines.append(f"  {label:<16} not timed")
+            lines.append(f"  {label:<16} not timed (or only against a default of another timer)")
             continue
         mean = math.exp(sum(logs) / len(logs))
         lines.append(f"  {label:<16} geometric mean over {len(logs)} cases: {mean:.3f}")
@@ -187,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-share", type=float, default=BASELINE_SHARE,
                         help=f"share of the budget for the defaults and fla (default {BASELINE_SHARE})")
     parser.add_argument("--no-alternatives", action="store_true", help="time the defaults and fla only")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the modes to time")
+    parser.add_argument("--warm", action="store_true",
+                        help="only make each case's first call (compiles and autotuning), no time budget unless "
+                             "given: the warm pass before the timed one (records to --out are no result)")
     args = parser.parse_args(argv)
     if args.report_from:
         print(report(read_results([args.report_from])))
@@ -196,11 +235,16 @@ def main(argv: list[str] | None = None) -> int:
         _interpreter_provider()
     elif args.device != "cuda":
         parser.error("the sweep times lamina's Triton kernels: --device cuda, or --dry-run on the CPU")
-    budget = args.time_budget if args.time_budget is not None else (120.0 if args.dry_run else GPU_TIME_BUDGET_S)
+    default_budget = math.inf if args.warm else (120.0 if args.dry_run else GPU_TIME_BUDGET_S)
+    budget = args.time_budget if args.time_budget is not None else default_budget
     if not 0 < args.baseline_share <= 1:
         parser.error(f"--baseline-share must be in (0, 1], got {args.baseline_share}")
     records = run(args.device, args.dry_run, args.out, budget, tuple(args.ops), args.baseline_share,
-                  not args.no_alternatives)
+                  not args.no_alternatives, tuple(args.modes), WARM_TIMING if args.warm else None)
+    if args.warm:
+        ok = sum(r.get("status") == "ok" for r in records)
+        print(f"warm pass: {ok} of {len(records)} cases ran once (compiled and tuned); no timing")
+        return 0
     print(report(records))
     return 0
 

@@ -145,9 +145,7 @@ def test_delta_sweep_step_times_every_alternative_in_its_dry_run(tmp_path):
     """The delta-rule sweep's step (benchmarks/sweep_delta.py --dry-run: lamina's kernels under the interpreter,
     fla's naive chunk forms in fla's place): the defaults and fla in both modes, every alternative in the modes
     it changes, its records in bench.jsonl and its report in bench.log."""
-    spec = importlib.util.spec_from_file_location("sweep_delta", ROOT / "benchmarks" / "sweep_delta.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _sweep_module()
     out, summary = _cheap_run(tmp_path, timeout=300, SKIP_SANITIZER="1", BENCH_TIMEOUT="0",
                               SWEEP_DELTA_TIMEOUT="240")
     assert any(line.startswith("sweep_delta") and " ok " in line for line in _steps(summary)), summary
@@ -160,6 +158,39 @@ def test_delta_sweep_step_times_every_alternative_in_its_dry_run(tmp_path):
     assert expected <= ran, sorted(expected - ran)
     log = (out / "bench.log").read_text()
     assert "lamina / fla (time ratio" in log and "defaults it would choose: DeltaTuning(" in log, log
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location("sweep_delta", ROOT / "benchmarks" / "sweep_delta.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return sweep
+
+
+def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
+    """Records whose timing was a compiling first call (written before ``first_call_ms``) are left out, a
+    ratio of two timers is marked, and only ratios of one timer choose a default."""
+    sweep = _sweep_module()
+
+    def rec(shape, provider, ms, timer, **extra):
+        return {"kind": "result", "status": "ok", "op": "kda", "mode": "fwd", "shape": shape, "provider": provider,
+                "ms": ms, "timer": timer, **extra}
+
+    label = sweep.ALTERNATIVES[0][0].label()
+    alt = f"lamina-triton[{label}]"
+    records = [rec("a", "lamina-triton", 2.0, "single calls", first_call_ms=900.0),
+               rec("a", "fla", 1.0, "do_bench", first_call_ms=900.0),
+               rec("a", alt, 1.0, "do_bench", first_call_ms=900.0),
+               rec("b", "lamina-triton", 4.0, "do_bench", first_call_ms=900.0),
+               rec("b", "fla", 5000.0, "single call (time budget)")]
+    text = sweep.report(records)
+    assert "(1 records left out: timed by their first call, which compiled)" in text, text
+    assert "lamina/fla 2.00  (timers differ: single calls / do_bench)" in text, text
+    assert "5000" not in text, text
+    assert f"{label:<16} not timed (or only against a default of another timer)" in text, text
+    assert "the defaults stay" in text, text
+    records[0]["timer"] = "do_bench"
+    assert f"defaults it would choose: DeltaTuning({label})" in sweep.report(records)
 
 
 def test_sanitizer_step_runs_each_tool_and_stops_at_an_unsupported_device(tmp_path):
