@@ -20,3 +20,10 @@ SIGNATURE = {"a": "*bf16", "b": "*bf16", "c": "*fp32", "M": "constexpr", "N": "c
 FITS = AotSpec("demo_mm", "128x128x64", _demo_mm_kernel, SIGNATURE, {"M": 128, "N": 128, "K": 64})
 # 128x256x128 bf16 with 4 warps: 255 registers and spill stores (TRITON_ON_CPU.md section 2).
 SPILLS = AotSpec("demo_mm", "128x256x128", _demo_mm_kernel, SIGNATURE, {"M": 128, "N": 256, "K": 128})
+# A float32 (tf32) product 64 x 16: with 8 warps (two warpgroups) each takes 8 columns, the wgmma m64n8k8 tf32 of
+# Triton issue #10629; with 4 warps it is one m64n16k8.
+F32_SIGNATURE = {**SIGNATURE, "a": "*fp32", "b": "*fp32"}
+TF32_N8 = AotSpec("demo_mm", "64x16x32 fp32 w8", _demo_mm_kernel, F32_SIGNATURE, {"M": 64, "N": 16, "K": 32},
+                  num_warps=8)
+TF32_N16 = AotSpec("demo_mm", "64x16x32 fp32 w4", _demo_mm_kernel, F32_SIGNATURE, {"M": 64, "N": 16, "K": 32},
+                   num_warps=4)
