@@ -81,8 +81,9 @@ def test_bwd_gpu_deterministic(kinds):
 
 @pytest.mark.gpu
 def test_float32_training_takes_the_torch_path_on_cuda():
-    # float32 training with backend="auto" runs the PyTorch path on CUDA (the float32 Triton backward gave wrong
-    # gradients on an H200), right against float64; backend="triton" refuses it with the reason
+    # float32 with backend="auto" runs the PyTorch path on CUDA, training and inference (the float32 chunked Triton
+    # kernels gave wrong gradients and illegal memory accesses), right against float64; backend="triton" refuses it
+    # with the reason
     import lamina
     from lamina.reference import delta_rule_family_recurrent_ref
 
@@ -102,6 +103,12 @@ def test_float32_training_takes_the_torch_path_on_cuda():
         assert_close(name, a, r, dtype=torch.float32)
     with pytest.raises(ValueError, match="float32"):
         lamina.chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4], backend="triton")
+    # the chunked forward alone too (an illegal memory access of the float32 KDA forward on an H100)
+    with torch.no_grad():
+        o, _ = lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=0.2, backend="auto")
+        assert_close("o (no gradients)", o, ro.detach(), dtype=torch.float32)
+        with pytest.raises(ValueError, match="float32 inputs in the chunked forward"):
+            lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="triton")
 
 
 @pytest.mark.gpu

@@ -606,22 +606,28 @@ def test_training_with_keys_of_512(variant):
     check_training_against_float64(variant, 20, 512, 16, heads=(1, 2), chunk_size=16)
 
 
-@pytest.mark.parametrize("device_type,dtype,needs_grad,backend,expected", [
-    ("cuda", torch.float32, True, "auto", "torch"),
-    ("cuda", torch.float32, True, "triton", ValueError),
-    ("cuda", torch.float32, False, "triton", "triton"),
-    ("cuda", torch.bfloat16, True, "triton", "triton"),
-    ("cuda", torch.float16, True, "auto", "triton"),
-    ("cpu", torch.float32, True, "triton", "triton"),
+@pytest.mark.parametrize("device_type,dtype,needs_grad,chunked,backend,expected", [
+    ("cuda", torch.float32, True, True, "auto", "torch"),
+    ("cuda", torch.float32, True, True, "triton", ValueError),
+    ("cuda", torch.float32, False, True, "auto", "torch"),
+    ("cuda", torch.float32, False, True, "triton", ValueError),
+    ("cuda", torch.float32, True, False, "triton", ValueError),
+    ("cuda", torch.float32, False, False, "triton", "triton"),
+    ("cuda", torch.bfloat16, True, True, "triton", "triton"),
+    ("cuda", torch.float16, True, True, "auto", "triton"),
+    ("cpu", torch.float32, True, True, "triton", "triton"),
 ])
-def test_float32_training_path(device_type, dtype, needs_grad, backend, expected):
-    # the float32 Triton backward is not trusted on CUDA (wrong gradients on an H200): "auto" trains float32 on
-    # the PyTorch path there, an explicit "triton" says why it refuses, and everything else keeps its path
+def test_float32_training_path(device_type, dtype, needs_grad, chunked, backend, expected):
+    # the float32 chunked Triton kernels are not trusted on CUDA (wrong gradients and illegal memory accesses on an
+    # H200 and an H100): "auto" runs float32 on the PyTorch path there, forward (chunked) and backward, an explicit
+    # "triton" says why it refuses, and everything else keeps its path (the token-by-token forward too)
     from lamina.ops.delta_rule_core import training_path
 
-    args = ("chunk_gated_delta_rule", "triton", backend, device_type, dtype, needs_grad)
+    args = ("chunk_gated_delta_rule", "triton", backend, device_type, dtype, needs_grad, chunked)
     if expected is ValueError:
-        with pytest.raises(ValueError, match=r"chunk_gated_delta_rule: backend='triton' with float32 .* bfloat16"):
+        what = "that need gradients" if needs_grad else "in the chunked forward"
+        with pytest.raises(ValueError, match=rf"chunk_gated_delta_rule: backend='triton' with float32 inputs {what} "
+                                             r".* bfloat16"):
             training_path(*args)
     else:
         assert training_path(*args) == expected
@@ -633,14 +639,17 @@ def test_float32_training_path_is_the_ops(monkeypatch):
 
     seen = []
     real = core.training_path
-    monkeypatch.setattr(core, "training_path", lambda *a: seen.append(a[3:]) or real(*a))
+    monkeypatch.setattr(core, "training_path", lambda *a, **kw: seen.append((*a[3:], kw)) or real(*a, **kw))
     q, k, v = (torch.randn(1, 8, 1, 16) for _ in range(3))
     g, beta = -torch.rand(1, 8, 1), torch.rand(1, 8, 1)
     lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="torch")
     lamina.chunk_gated_delta_rule(q.requires_grad_(), k, v, g=g, beta=beta, backend="torch")
     with torch.no_grad():
         lamina.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, backend="torch")
-    assert seen == [("cpu", torch.float32, False), ("cpu", torch.float32, True), ("cpu", torch.float32, False)]
+    lamina.fused_recurrent_gated_delta_rule(q.detach(), k, v, g=g, beta=beta, backend="torch", output_v_new=True)
+    chunked, recurrent = {"chunked": True}, {"chunked": False}
+    assert seen == [("cpu", torch.float32, False, chunked), ("cpu", torch.float32, True, chunked),
+                    ("cpu", torch.float32, False, chunked), ("cpu", torch.float32, False, recurrent)]
 
 
 @pytest.mark.grid  # leg 1 of CI; the oldest-Triton leg runs the kernels' own l2norm tests (test_delta_fwd.py)

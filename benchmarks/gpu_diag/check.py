@@ -32,7 +32,7 @@ try:
     import lamina.ops.delta_rule_core as core
     from lamina.reference import delta_rule_family_chunk_ref
 
-    core.UNTRUSTED_FP32_BACKWARD_DEVICES = ()
+    core.UNTRUSTED_FP32_DEVICES = ()
     bwd.DOT_PRECISION = os.environ.get("DIAG_DOT", bwd.DOT_PRECISION)
     bwd.NUM_WARPS = int(os.environ.get("DIAG_BWD_WARPS", bwd.NUM_WARPS))
     tag += f" (backward {bwd.DOT_PRECISION}, {bwd.NUM_WARPS} warps)"

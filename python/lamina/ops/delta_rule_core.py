@@ -354,25 +354,32 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 # --- dispatch ------------------------------------------------------------------------------------
 
-# Where the float32 backward of the chunked Triton kernels has not been shown right on the device: CUDA. On
-# an H200 (Triton 3.6) it gave wrong dq, dk, dg (RMS error ratios about 0.6 against float64, Gated DeltaNet)
-# and illegal memory accesses (DeltaNet, KDA), while the forward and the bf16 backward matched float64
-# (benchmarks/results/2026-12-04-nvidia-h200/README.md). Under the interpreter on CPU it is right.
-UNTRUSTED_FP32_BACKWARD_DEVICES = ("cuda",)
+# Where the float32 chunked Triton kernels have not been shown right on the device: CUDA. On an H200 (Triton 3.6)
+# the float32 backward gave wrong dq, dk, dg (RMS error ratios about 0.6 against float64, Gated DeltaNet) and
+# illegal memory accesses (DeltaNet, KDA) (benchmarks/results/2026-12-04-nvidia-h200/README.md); on an H100
+# (Triton 3.6) the float32 KDA forward ended in one (benchmarks/results/2026-12-06-nvidia-h100/README.md). For
+# sm_90, Triton 3.6 and 3.9 compile the float32 chunked kernels (tf32x3 products) to the warpgroup product of
+# Triton issue #10629, ``wgmma m64n8k8`` in tf32, which reads its shared-memory operand past its end; the
+# static report flags it. The bf16/fp16 kernels and the token-by-token forward have no such product and
+# matched float64 there. Under the interpreter on CPU the float32 kernels are right.
+UNTRUSTED_FP32_DEVICES = ("cuda",)
 
 
-def training_path(op: str, path: str, backend: str, device_type: str, dtype: torch.dtype, needs_grad: bool) -> str:
-    """``path`` unless it would run the float32 Triton backward where it is not trusted
-    (``UNTRUSTED_FP32_BACKWARD_DEVICES``): then "auto" takes the PyTorch path and an explicit "triton" raises."""
-    if not (path == "triton" and needs_grad and dtype == torch.float32
-            and device_type in UNTRUSTED_FP32_BACKWARD_DEVICES):
+def training_path(op: str, path: str, backend: str, device_type: str, dtype: torch.dtype, needs_grad: bool,
+                  chunked: bool = True) -> str:
+    """``path`` unless it would run float32 chunked Triton kernels where they are not trusted
+    (``UNTRUSTED_FP32_DEVICES``): the forward (``chunked``: the chunked forward, not the token-by-token one) or
+    the backward (``needs_grad``). Then "auto" takes the PyTorch path and an explicit "triton" raises."""
+    if not (path == "triton" and (needs_grad or chunked) and dtype == torch.float32
+            and device_type in UNTRUSTED_FP32_DEVICES):
         return path
     if backend == "auto":
         return "torch"
+    what = "that need gradients" if needs_grad else "in the chunked forward"
     raise ValueError(
-        f"{op}: backend='triton' with float32 inputs that need gradients on {device_type}: the float32 backward of "
-        "the chunked Triton kernels gave wrong gradients and illegal memory accesses on an H200 (Triton 3.6); "
-        "train in bfloat16/float16, or use backend='auto' or 'torch' (PyTorch) for float32")
+        f"{op}: backend='triton' with float32 inputs {what} on {device_type}: the float32 chunked Triton kernels "
+        "gave wrong gradients and illegal memory accesses on an H200 and an H100 (Triton 3.6); run in "
+        "bfloat16/float16, or use backend='auto' or 'torch' (PyTorch) for float32")
 
 
 def _l2norm_in_kernels(device: torch.device) -> bool:
@@ -423,7 +430,7 @@ def delta_rule_core(
     path = select_backend(op, backend, (q, k, v, g, b, w, initial_state, cu_seqlens))
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, b, w, initial_state, *(gate or ())[:2]))
-    path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad)
+    path = training_path(op, path, backend, q.device.type, q.dtype, needs_grad, chunked=not recurrent)
     if l2norm_qk and (path == "torch" or not _l2norm_in_kernels(q.device)):
         q, k, l2norm_qk = l2norm(q, backend), l2norm(k, backend), False
     if beta_act != BetaAct.NONE and (path == "torch" or recurrent):
