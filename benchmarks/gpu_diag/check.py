@@ -2,13 +2,15 @@
 chunked reference, RMS error ratios of the output, final state and every gradient.
 
 The op's float32 fence (``training_path``) is lifted here: these checks are of the kernels themselves.
-Two knobs, for bisecting the float32 backward's faults:
+Three knobs, for bisecting the float32 kernels' faults:
 
 * ``DIAG_DOT``: the backward kernels' ``input_precision`` (default ``tf32x3``; ``ieee`` takes the tensor cores
   out of the backward);
 * ``DIAG_BWD_WARPS``: the backward kernels' warps (default 8). With 8 warps a [64, 16] product splits its
   16 columns over two warpgroups (``wgmma m64n8k8`` in tf32, the shape of Triton issue #10629); with 4 it
   does not.
+* ``DIAG_FWD_WARPS``: the forward kernels' autotune configs cut to those of this many warps (one config of
+  1 stage when none has them), the same question for the forward.
 """
 import os
 import sys
@@ -35,7 +37,18 @@ try:
     core.UNTRUSTED_FP32_DEVICES = ()
     bwd.DOT_PRECISION = os.environ.get("DIAG_DOT", bwd.DOT_PRECISION)
     bwd.NUM_WARPS = int(os.environ.get("DIAG_BWD_WARPS", bwd.NUM_WARPS))
-    tag += f" (backward {bwd.DOT_PRECISION}, {bwd.NUM_WARPS} warps)"
+    tag += f" (backward {bwd.DOT_PRECISION}, {bwd.NUM_WARPS} warps"
+    if os.environ.get("DIAG_FWD_WARPS"):
+        import triton
+
+        import lamina.kernels.delta_chunk_fwd as fwd
+
+        warps = int(os.environ["DIAG_FWD_WARPS"])
+        for tuner in (fwd._prep_fwd, fwd._scan_fwd, fwd._out_fwd):
+            tuner.configs = [c for c in tuner.configs if c.num_warps == warps] or [
+                triton.Config({}, num_warps=warps, num_stages=1)]
+        tag += f"; forward {warps} warps"
+    tag += ")"
     xs = [None if x is None else x.to(DEV) for x in make_inputs(var, B, T, H, H, K, K, dtype, h0=True)]
     q, k, v, g, b, w, s0, _ = xs
     F = {"delta": lamina.chunk_delta_rule, "gdn": lamina.chunk_gated_delta_rule, "kda": lamina.chunk_kda,
