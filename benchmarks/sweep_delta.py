@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 from lamina.bench import providers as bench_providers  # noqa: E402
 from lamina.bench.results import ResultWriter, read_results  # noqa: E402
+from lamina.bench.specs import SWEEP_DELTA_SHAPES  # noqa: E402
 from lamina.bench.suite import SuiteConfig, run_suite  # noqa: E402
 from lamina.bench.timing import TimingConfig  # noqa: E402
 from lamina.kernels.delta_tuning import ALTERNATIVES as TUNING_ALTERNATIVES  # noqa: E402
@@ -87,19 +88,23 @@ def _interpreter_provider() -> None:
 
 
 def config(device: str, dry_run: bool, providers: list[str], modes: list[str], budget: float | None,
-           ops: tuple[str, ...] = OPS, timing: TimingConfig | None = None) -> SuiteConfig:
+           ops: tuple[str, ...] = OPS, timing: TimingConfig | None = None,
+           shapes: tuple[int, ...] | None = None) -> SuiteConfig:
     timing = timing or (DRY_TIMING if dry_run else GPU_TIMING)
     return SuiteConfig(device=device, ops=list(ops), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
                        op_modes={op: list(modes) for op in ops}, timing=timing, time_budget_s=budget,
-                       measure_ceilings=False)
+                       measure_ceilings=False, shape_filter=None if shapes is None else {op: shapes for op in ops})
 
 
 def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, ...] = OPS,
-        baseline_share: float = BASELINE_SHARE, alternatives: bool = True, modes: tuple[str, ...] = MODES,
-        timing: TimingConfig | None = None) -> list[dict[str, Any]]:
+        baseline_share: float = BASELINE_SHARE, alternatives: bool | tuple[str, ...] = True,
+        modes: tuple[str, ...] = MODES,
+        timing: TimingConfig | None = None, shapes: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
     """Time the defaults and fla (``baseline_share`` of ``budget_s`` at most), then each alternative that
-    changes one of ``ops`` in one of ``modes``; records appended to ``out``. ``timing``: the suite's timing
-    (``WARM_TIMING``: each case's first call only, the warm pass's)."""
+    changes one of ``ops`` in one of ``modes`` (``alternatives``: all, none, or those of these labels); records
+    appended to ``out``. ``timing``: the suite's timing
+    (``WARM_TIMING``: each case's first call only, the warm pass's); ``shapes``: indices of the shapes to run
+    (default all)."""
     writer = ResultWriter(out)
     renamed = _Renamed(writer)
     records: list[dict[str, Any]] = []
@@ -112,13 +117,14 @@ def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, .
               f"{rec.get('ms') or rec.get('reason') or ''}", flush=True)
 
     def suite(providers: list[str], of_modes: list[str], budget: float, of: tuple[str, ...]) -> None:
-        cfg = config(device, dry_run, providers, of_modes, max(budget, 1.0), of, timing)
+        cfg = config(device, dry_run, providers, of_modes, max(budget, 1.0), of, timing, shapes)
         got, _ = run_suite(cfg, renamed, progress)
         records.extend(got)
 
     chosen = [(t, tuple(m for m in changes if m in modes), tuple(op for op in changed if op in ops))
               for t, changes, changed in ALTERNATIVES]
-    chosen = [(t, m, changed) for t, m, changed in chosen if m and changed and alternatives]
+    chosen = [(t, m, changed) for t, m, changed in chosen if m and changed and alternatives
+              and (alternatives is True or t.label() in alternatives)]
     try:
         suite([LAMINA, fla], list(modes), budget_s * (baseline_share if chosen else 1.0), ops)
         for n, (tuning, alt_modes, changed) in enumerate(chosen):
@@ -222,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-share", type=float, default=BASELINE_SHARE,
                         help=f"share of the budget for the defaults and fla (default {BASELINE_SHARE})")
     parser.add_argument("--no-alternatives", action="store_true", help="time the defaults and fla only")
+    parser.add_argument("--alternatives", nargs="+", metavar="LABEL", choices=[t.label() for t, _, _ in ALTERNATIVES],
+                        help="time only these alternatives (labels as the report prints them; default all)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the modes to time")
+    parser.add_argument("--shapes", nargs="+", type=int, default=None, metavar="INDEX",
+                        help="indices of the shapes to time (lamina.bench.specs.SWEEP_DELTA_SHAPES; default all)")
     parser.add_argument("--warm", action="store_true",
                         help="only make each case's first call (compiles and autotuning), no time budget unless "
                              "given: the warm pass before the timed one (records to --out are no result)")
@@ -239,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.time_budget if args.time_budget is not None else default_budget
     if not 0 < args.baseline_share <= 1:
         parser.error(f"--baseline-share must be in (0, 1], got {args.baseline_share}")
+    n_shapes = 1 if args.dry_run else len(SWEEP_DELTA_SHAPES)
+    if args.shapes is not None and not all(0 <= i < n_shapes for i in args.shapes):
+        parser.error(f"--shapes: indices from 0 to {n_shapes - 1}, got {args.shapes}")
+    alternatives = False if args.no_alternatives else (tuple(args.alternatives) if args.alternatives else True)
     records = run(args.device, args.dry_run, args.out, budget, tuple(args.ops), args.baseline_share,
-                  not args.no_alternatives, tuple(args.modes), WARM_TIMING if args.warm else None)
+                  alternatives, tuple(args.modes), WARM_TIMING if args.warm else None,
+                  None if args.shapes is None else tuple(args.shapes))
     if args.warm:
         ok = sum(r.get("status") == "ok" for r in records)
         print(f"warm pass: {ok} of {len(records)} cases ran once (compiled and tuned); no timing")
