@@ -193,6 +193,22 @@ def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
     assert f"defaults it would choose: DeltaTuning({label})" in sweep.report(records)
 
 
+def test_delta_sweep_runs_the_variants_modes_shapes_and_alternatives_asked_for(tmp_path, capsys):
+    """--ops, --modes, --alternatives pick what runs (--warm: each case's first call, no report); --shapes out of
+    range is refused."""
+    sweep = _sweep_module()
+    out = tmp_path / "warm.jsonl"
+    assert sweep.main(["--dry-run", "--warm", "--ops", "kda", "--modes", "fwd", "--shapes", "0",
+                       "--alternatives", "solve_block=16", "--out", str(out)]) == 0
+    assert "warm pass: 3 of 3 cases ran once" in capsys.readouterr().out
+    ran = {(r["op"], r["mode"], r["provider"]) for r in map(json.loads, out.read_text().splitlines())}
+    assert ran == {("kda", "fwd", "lamina-triton"), ("kda", "fwd", "fla-naive-chunk"),
+                   ("kda", "fwd", "lamina-triton[solve_block=16]")}
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["--dry-run", "--shapes", "1"])
+    assert stop.value.code == 2 and "--shapes" in capsys.readouterr().err
+
+
 def test_sanitizer_step_runs_each_tool_and_stops_at_an_unsupported_device(tmp_path):
     """The GPU path through a stand-in: memcheck runs the cases and passes, racecheck meets a device the tool
     does not support, and the tools after it are not tried."""
