@@ -4,25 +4,33 @@
 # the wgmma m64n8k8 tf32 of Triton issue #10629 on sm_90) and with every forward and backward kernel at 4 warps
 # (no such product: benchmarks/results/2026-12-06-static-report-delta-wgmma-fp32-k64-triton-3.9.0.txt); then one
 # 4-warp case under compute-sanitizer memcheck. Files under $OUT: env.log, checks.log, memcheck.log, cases.tgz.
+# SKIP_INSTALL=1: lamina is installed already (tests_call.sh). DRY_RUN=1 (PYTHON=a venv's python): tiny shapes on
+# the CPU under the interpreter, no memcheck.
 cd "$(dirname "$0")/../.." || exit 1
 export PYTHONUNBUFFERED=1 CUDA_LAUNCH_BLOCKING=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/cases"
+PYTHON="${PYTHON:-python3}"; SHAPES="1x256x2x64 1x256x2x128"; MC_SHAPE=1x128x2x64
+if [ "${DRY_RUN:-0}" = "1" ]; then export DEV=cpu TRITON_INTERPRET=1; SHAPES="1x40x1x16 1x40x1x32"; fi
 { date -u +%FT%TZ; git rev-parse HEAD; git status --short | head; nvidia-smi -L
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/env.log" 2>&1
+  [ "${SKIP_INSTALL:-0}" = "1" ] || "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+  "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/env.log" 2>&1
 case_() { local var=$1 shape=$2 label=$3; shift 3
-          env "$@" timeout 200 python3 benchmarks/gpu_diag/check.py "$var" fp32 "$shape" \
+          env "$@" timeout 200 "$PYTHON" benchmarks/gpu_diag/check.py "$var" fp32 "$shape" \
               > "$OUT/cases/ck_${var}_${shape}_${label}.log" 2>&1; }
 for v in delta gdn kda gdn2; do
-    for shape in 1x256x2x64 1x256x2x128; do
+    for shape in $SHAPES; do
         case_ $v $shape shipped &
         case_ $v $shape warps4 DIAG_FWD_WARPS=4 DIAG_BWD_WARPS=4 &
     done
 done
 wait
 S=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 DIAG_FWD_WARPS=4 DIAG_BWD_WARPS=4 timeout 200 "$S" --tool memcheck --print-limit 3 \
-    python3 benchmarks/gpu_diag/check.py kda fp32 1x128x2x64 > "$OUT/cases/mc_kda_warps4.log" 2>&1
+if [ "${DRY_RUN:-0}" != "1" ]; then
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 DIAG_FWD_WARPS=4 DIAG_BWD_WARPS=4 timeout 200 "$S" --tool memcheck \
+        --print-limit 3 "$PYTHON" benchmarks/gpu_diag/check.py kda fp32 "$MC_SHAPE" > "$OUT/cases/mc_kda_warps4.log" 2>&1
+else
+    echo "DRY_RUN: no memcheck" > "$OUT/cases/mc_kda_warps4.log"
+fi
 cd "$OUT/cases" && for f in ck_*; do echo "$f: $(tail -n 1 "$f")"; done > "$OUT/checks.log"
 grep -v "Host Frame\|^=========         \|^\s*$" mc_kda_warps4.log | head -40 > "$OUT/memcheck.log"
 tar czf "$OUT/cases.tgz" -C "$OUT" cases && rm -rf "$OUT/cases"
