@@ -1,7 +1,8 @@
 """Context parallelism (lamina.distributed) over 2 and 4 gloo processes on the CPU.
 
 Every rank builds the same full-sequence inputs, runs the op once in one process in float64 (the
-expected result), then its shard with ``cp_context`` in float32, and checks outputs, writes, final states
+expected result), then its shard with ``cp_context`` in float32 (the delta rule on a GPU's Triton kernels:
+bfloat16), and checks outputs, writes, final states
 and every gradient: shards against the matching slice, replicated leaves (initial state, gate
 parameters) summed over the ranks, as data parallelism would sum them. The loss is the same in both
 runs: every rank's outputs and writes, and the final states once (rank 0).
@@ -99,27 +100,35 @@ def _check_equal_to_one_process(rank: int, world: int, backend: str) -> None:
 
         cp = _context(cu)
         dev = DEVICE[0]
-        mine = {n: (cp.shard(x) if n in seq else x).float().to(dev).requires_grad_() for n, x in full.items()}
+        dt = _shard_dtype(dev, backend)
+        mine = {n: (cp.shard(x).to(dev, dt) if n in seq else x.to(dev, torch.float32)).requires_grad_()
+                for n, x in full.items()}
         o_cp, ht_cp, vn_cp = _run(op, mine, extra, cp_context=cp, backend=backend)
-        loss_cp = (o_cp * cp.shard(do).float().to(dev)).sum() + (vn_cp * cp.shard(dvn).float().to(dev)).sum()
+        loss_cp = (o_cp * cp.shard(do).to(dev, dt)).sum() + (vn_cp * cp.shard(dvn).to(dev, dt)).sum()
         if rank == 0:
-            loss_cp = loss_cp + (ht_cp * dht.float().to(dev)).sum()
+            loss_cp = loss_cp + (ht_cp * dht.to(dev, ht_cp.dtype)).sum()
         grads = dict(zip(mine, torch.autograd.grad(loss_cp, list(mine.values()))))
         gathered = cp.gather(o_cp.detach()).cpu()
         o_cp, ht_cp, vn_cp = o_cp.cpu(), ht_cp.cpu(), vn_cp.cpu()
 
         where = f"{op} {'packed' if varlen else 'dense'} rank {rank}/{world} {backend}"
-        assert_close(f"{where}: o", o_cp, cp.shard(o.detach()))
-        assert_close(f"{where}: v_new", vn_cp, cp.shard(vn.detach()))
-        assert_close(f"{where}: final_state", ht_cp, ht.detach())
-        assert_close(f"{where}: gathered o", gathered, o.detach())
+        assert_close(f"{where}: o", o_cp, cp.shard(o.detach()), dtype=dt)
+        assert_close(f"{where}: v_new", vn_cp, cp.shard(vn.detach()), dtype=dt)
+        assert_close(f"{where}: final_state", ht_cp, ht.detach(), dtype=dt)
+        assert_close(f"{where}: gathered o", gathered, o.detach(), dtype=dt)
         for name, grad in grads.items():
             want = ref_grads[name]
             if name in REPLICATED:
                 dist.all_reduce(grad)
             else:
                 want = cp.shard(want)
-            assert_close(f"{where}: d{name}", grad.cpu(), want, scale=gradient_scale(want))
+            assert_close(f"{where}: d{name}", grad.cpu(), want, dtype=dt, scale=gradient_scale(want))
+
+
+def _shard_dtype(device: str, backend: str) -> torch.dtype:
+    """The sequence shards' dtype: float32, but bfloat16 for the Triton kernels on a GPU, where the ops refuse float32
+    on the chunked kernels (``lamina.ops.delta_rule_core.training_path``); the replicated leaves stay float32."""
+    return torch.bfloat16 if device == "cuda" and backend == "triton" else torch.float32
 
 
 def _check_bad_input(rank: int, world: int, backend: str) -> None:
