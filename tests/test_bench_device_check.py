@@ -193,10 +193,14 @@ def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
     assert f"defaults it would choose: DeltaTuning({label})" in sweep.report(records)
 
 
-def test_delta_sweep_runs_the_variants_modes_shapes_and_alternatives_asked_for(tmp_path, capsys):
+def test_delta_sweep_runs_the_variants_modes_shapes_and_alternatives_asked_for(tmp_path, capsys, monkeypatch):
     """--ops, --modes, --alternatives pick what runs (--warm: each case's first call, no report); --shapes out of
     range is refused."""
+    from lamina.bench import providers
+
     sweep = _sweep_module()
+    # the dry run makes lamina-triton a CPU provider for the rest of its process: only for this test here
+    monkeypatch.setitem(providers.PROVIDERS, "lamina-triton", providers.PROVIDERS["lamina-triton"])
     out = tmp_path / "warm.jsonl"
     assert sweep.main(["--dry-run", "--warm", "--ops", "kda", "--modes", "fwd", "--shapes", "0",
                        "--alternatives", "solve_block=16", "--out", str(out)]) == 0
