@@ -85,6 +85,15 @@ def test_a_slow_warm_call_is_the_timing_when_the_deadline_is_near():
     assert 150 <= t.median_ms < 390, t
 
 
+def test_a_slow_call_costs_its_first_call_and_the_single_calls_only():
+    # slow every time, no deadline: the second call is the first of the single calls (no extra call)
+    fn, calls = _compiling_call(0.3, 0.11)
+    cfg = SuiteConfig(device="cpu", ops=[], providers=[], shape_set="tiny", timing=TimingConfig(slow_call_s=0.1))
+    t = _time_warm(fn, cfg, [], wall_time_once(fn, "cpu"), None)
+    assert (t.method, t.runs, len(calls)) == ("single calls", SLOW_CALL_REPEATS, 1 + SLOW_CALL_REPEATS)
+    assert 110 <= t.median_ms < 200, t  # not the first call (300 ms)
+
+
 def test_roofline_fractions_by_hand():
     c = Ceilings(copy_gbps=2.0, matmul_tflops=4.0, matmul_dtype="fp32", matmul_n=1, copy_bytes=1, device="cpu")
     # 2e12 FLOPs and 1e9 bytes in 1 s: 2 TFLOP/s (half of 4), 1 GB/s (half of 2); bound 0.5 s of 1 s.

@@ -23,7 +23,7 @@ from lamina.bench.inputs import grad_leaves, make_inputs
 from lamina.bench.providers import PROVIDERS, ProviderSkip, get_provider, output_of
 from lamina.bench.results import ResultWriter, environment
 from lamina.bench.specs import QUICK_CUDA_SHAPES, QUICK_OPS, get_op, shape_label, shapes_for
-from lamina.bench.timing import Timing, TimingConfig, reset_grads, time_fn, wall_time_once
+from lamina.bench.timing import Timing, TimingConfig, reset_grads, single_calls, time_fn, wall_time_once
 
 # Execution order within a case: lamina and the fused libraries first, slow baselines last.
 PROVIDER_ORDER = ("lamina-triton", "lamina-cuda", "fla", "flash-attn", "sdpa-flash", "sdpa-cudnn",
@@ -170,19 +170,22 @@ def _time_warm(fn: Callable[[], Any], cfg: SuiteConfig, leaves: list[torch.Tenso
     """Time ``fn`` after its first call took ``first_s``.
 
     A first call compiles and autotunes (Triton's JIT): it is never the measurement. When it was slow, a
-    second call decides whether ``fn`` itself is slow; when it is and repeating it would overrun
-    ``deadline`` (``time.monotonic()`` seconds), that second call is the measurement. A dry run's timing
-    (``slow_call_repeats=0``: interpreter timings, no result) is the first call, to keep it short.
+    second call decides: fast, ``fn`` is timed as usual; slow too, it is the first of the single calls that
+    time a slow call, or the measurement alone when more would overrun ``deadline`` (``time.monotonic()``
+    seconds). A dry run's timing (``slow_call_repeats=0``: interpreter timings, no result) is the first call,
+    to keep it short.
     """
-    warm_s = first_s
-    if first_s > cfg.timing.slow_call_s and cfg.timing.slow_call_repeats > 0:
-        reset_grads(leaves)
-        warm_s = wall_time_once(fn, cfg.device)
-    repeats_s = cfg.timing.slow_call_repeats * warm_s
-    if warm_s > cfg.timing.slow_call_s and deadline is not None and time.monotonic() + repeats_s > deadline:
+    timing, repeats = cfg.timing, cfg.timing.slow_call_repeats
+    if first_s <= timing.slow_call_s or repeats == 0:
+        return time_fn(fn, cfg.device, leaves, timing, first_call_s=first_s)
+    reset_grads(leaves)
+    warm_s = wall_time_once(fn, cfg.device)
+    if warm_s <= timing.slow_call_s:
+        return time_fn(fn, cfg.device, leaves, timing, first_call_s=warm_s)
+    if deadline is not None and time.monotonic() + (repeats - 1) * warm_s > deadline:
         ms = 1e3 * warm_s
         return Timing(ms, ms, ms, 1, "single call (time budget)")
-    return time_fn(fn, cfg.device, leaves, cfg.timing, first_call_s=warm_s)
+    return single_calls(fn, cfg.device, leaves, repeats, made_ms=[1e3 * warm_s])
 
 
 def measure(task: Task, cache: _InputCache, cfg: SuiteConfig, ceilings: Ceilings | None,

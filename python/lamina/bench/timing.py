@@ -74,9 +74,11 @@ def wall_time_once(fn: Callable[[], object], device: str) -> float:
     return time.perf_counter() - start
 
 
-def _single_calls(fn: Callable[[], object], device: str, leaves: Sequence[torch.Tensor], repeats: int) -> Timing:
-    times = []
-    for _ in range(repeats):
+def single_calls(fn: Callable[[], object], device: str, leaves: Sequence[torch.Tensor], repeats: int,
+                 made_ms: Sequence[float] = ()) -> Timing:
+    """``repeats`` synchronised calls timed one by one, counting ``made_ms`` (calls already made and timed)."""
+    times = list(made_ms)
+    while len(times) < repeats:
         reset_grads(leaves)
         times.append(1e3 * wall_time_once(fn, device))
     return _summary(times, "single calls")
@@ -102,7 +104,7 @@ def time_fn(
         if config.slow_call_repeats == 0:
             ms = 1e3 * first_call_s
             return Timing(ms, ms, ms, 1, "single call")
-        return _single_calls(fn, device, leaves, config.slow_call_repeats)
+        return single_calls(fn, device, leaves, config.slow_call_repeats)
     if device == "cuda":
         from triton.testing import do_bench
 
