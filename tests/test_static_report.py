@@ -56,23 +56,23 @@ def test_report_flags_the_tf32_wgmma_eight_columns_wide():
         from lamina.info import compile_spec
         import aot_demo_kernels as d
         rows = [compile_spec(d.TF32_N8, 90), compile_spec(d.TF32_N16, 90)]
-        print(json.dumps([(r.wgmma_tf32_n8, r.problems()) for r in rows]))
+        print(json.dumps([(r.wgmma, r.problems()) for r in rows]))
     """)
     proc = _run(["-c", code])
     assert proc.returncode == 0, proc.stderr
     (n8, problems8), (n16, problems16) = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert n8 > 0 and any("Triton #10629" in p for p in problems8), problems8
-    assert n16 == 0 and problems16 == [], problems16
+    assert n8.get("m64n8k8.tf32", 0) > 0 and any("Triton #10629" in p for p in problems8), (n8, problems8)
+    assert "m64n8k8.tf32" not in n16 and n16.get("m64n16k8.tf32", 0) > 0 and problems16 == [], (n16, problems16)
 
 
-def test_wgmma_tf32_n8_counts_only_that_shape():
-    from lamina.info import wgmma_tf32_n8
+def test_wgmma_shapes_counts_each_shape_and_type():
+    from lamina.info import wgmma_shapes
 
     ptx = ("wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%f1}, %rd1, %rd2, p, 1, 1;\n"
            "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%f1}, %rd1, %rd2, p, 1, 1;\n"
            "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, p, 1, 1, 0, 0;\n"
            "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%f2}, %rd3, %rd4, p, 1, 1;\n")
-    assert wgmma_tf32_n8(ptx) == 2
+    assert wgmma_shapes(ptx) == {"m64n8k8.tf32": 2, "m64n16k8.tf32": 1, "m64n8k16.bf16": 1}
 
 
 def test_ptxas_log_is_read_in_both_forms():

@@ -8,15 +8,11 @@ configuration whose name and config contain each argument, compiled ahead of tim
 ``--warps W`` compiles each configuration at W warps instead of its own (an experiment: the launchers do not).
 """
 import argparse
-import collections
 import dataclasses
 import os
-import re
 from concurrent.futures import ProcessPoolExecutor
 
 from lamina import info
-
-SHAPE = re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k\d+)\.f32\.(\w+)\.")
 
 
 def _one(job: tuple[int, int | None]) -> str:
@@ -25,21 +21,10 @@ def _one(job: tuple[int, int | None]) -> str:
     if warps is not None:
         spec = dataclasses.replace(spec, num_warps=warps)
     report = info.compile_spec(spec, 90)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from lamina.kernels._utils import raw_jit
-
-    src = ASTSource(fn=raw_jit(spec.fn), signature=spec.signature, constexprs=spec.constexprs,
-                    attrs=spec.meta.get("attrs"))
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": spec.num_warps, "num_stages": spec.num_stages}).asm["ptx"]
-    shapes = dict(collections.Counter(f"{m}.{t}" for m, t in SHAPE.findall(ptx)))
-    mark = "N8" if report.wgmma_tf32_n8 else "ok"
+    mark = "N8" if report.wgmma.get(info.WGMMA_TF32_N8) else "ok"
     return (f"{mark} {spec.name} | {spec.config} | {'default' if spec.default else 'alternative'} | "
             f"warps {spec.num_warps} | regs {report.registers} | STL {report.spill_stores} | "
-            f"shared {report.shared_bytes} | {shapes}")
+            f"shared {report.shared_bytes} | {report.wgmma}{' | ' + report.error if report.error else ''}")
 
 
 def main() -> None:

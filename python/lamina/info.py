@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lamina._versions import triton_status
@@ -48,8 +49,8 @@ class KernelReport:
     spill_loads: int = -1
     shared_bytes: int = -1
     hgmma: bool = False
-    # warpgroup products of shape m64n8k8 in tf32 (``wgmma_tf32_n8``): Triton issue #10629
-    wgmma_tf32_n8: int = 0
+    # how many warpgroup products of each shape and operand type the PTX has ({"m64n8k8.tf32": 40, ...})
+    wgmma: dict = field(default_factory=dict)
     error: str = ""
     module: str = ""
     seconds: float = 0.0  # compile and inspection time (JSON only)
@@ -69,20 +70,21 @@ class KernelReport:
             out.append(f"shared memory {self.shared_bytes} B > sm_{self.arch} limit {SHARED_LIMIT_BYTES[self.arch]} B")
         if self.arch == 90 and self.uses_dot and not self.hgmma:
             out.append("matrix kernel without HGMMA on sm_90")
-        if self.wgmma_tf32_n8:
-            out.append(f"{self.wgmma_tf32_n8} wgmma m64n8k8 tf32 (Triton #10629: reads past its shared operand)")
+        if self.wgmma.get(WGMMA_TF32_N8):
+            out.append(f"{self.wgmma[WGMMA_TF32_N8]} wgmma m64n8k8 tf32 (Triton #10629: reads past its shared operand)")
         return out
 
 
+WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k\d+)\.f32\.(\w+)\.")
 # A warpgroup product eight columns wide in tf32: Triton (from 3.6, issue #10629) emits it without the padding of
 # its shared-memory operand that the instruction needs, and it reads past that operand's end (illegal memory
 # accesses and wrong values on an H100 and an H200).
-WGMMA_TF32_N8 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n8k8\.f32\.tf32\.tf32\b")
+WGMMA_TF32_N8 = "m64n8k8.tf32"
 
 
-def wgmma_tf32_n8(ptx: str) -> int:
-    """How many ``wgmma m64n8k8`` tf32 products the PTX has (``WGMMA_TF32_N8``)."""
-    return len(WGMMA_TF32_N8.findall(ptx))
+def wgmma_shapes(ptx: str) -> dict[str, int]:
+    """How many warpgroup products of each shape and operand type the PTX has (``{"m64n8k8.tf32": 40}``)."""
+    return dict(Counter(f"{shape}.{kind}" for shape, kind in WGMMA.findall(ptx)))
 
 
 def _nvidia_tool(name: str) -> str:
@@ -182,7 +184,7 @@ def compile_spec(spec, arch: int) -> KernelReport:
                 options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
             )
         report.shared_bytes = int(compiled.metadata.shared)
-        report.wgmma_tf32_n8 = wgmma_tf32_n8(compiled.asm["ptx"])
+        report.wgmma = wgmma_shapes(compiled.asm["ptx"])
         usage = _parse_ptxas_log(log.getvalue())
         if usage is not None and usage[1] == 0:
             report.registers, report.stack_bytes = usage
