@@ -62,9 +62,9 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    without per-channel decay), then ``db`` and ``dg``. One program loops over the value heads sharing
    a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
 
-All three run with ``NUM_WARPS`` warps and ``NUM_STAGES`` stages and the blocks of ``bwd_tiles``, which
-the static report (``lamina info --kernels``, registered in kernels/delta_report.py) compiles too: what it
-reports is what runs.
+All three run with ``NUM_STAGES`` stages and the blocks and warps of ``bwd_tiles`` (``NUM_WARPS``, but 4 for a
+float32 kernel whose narrowest product has 16 columns on Hopper: ``matrix_warps``), which the static report
+(``lamina info --kernels``, registered in kernels/delta_report.py) compiles too: what it reports is what runs.
 
 Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels/delta_chunk_bwd_parts.py):
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
@@ -549,11 +549,11 @@ def delta_chunk_bwd(
     dR_buf = torch.empty(ntok, HV, V, **f32)
     dh_buf = torch.empty(n_chunks, HV, K, V, **f32)
     tiles = bwd_tiles(K, V, decay, has_warpgroup_mma(q.device), active_tuning(), fp32=q.dtype == torch.float32)
-    launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     _delta_chunk_bwd_prep_kernel[(n_chunks * HV,)](
         q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A, U_buf, dR_buf, dh_buf, rq, rk, qn, kn, cu, idx, **gate_kw,
         scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None,
-        P_PRODUCT=tiles.prep_p_product, L2NORM=l2norm_qk, **dims, **flags, **launch)
+        P_PRODUCT=tiles.prep_p_product, L2NORM=l2norm_qk, **dims, **flags, num_warps=tiles.prep_warps,
+        num_stages=NUM_STAGES)
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
@@ -566,7 +566,7 @@ def delta_chunk_bwd(
         k_rows, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
         cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
-        **dims, **flags, **launch)
+        **dims, **flags, num_warps=tiles.scan_warps, num_stages=NUM_STAGES)
 
     nk = cdiv(K, tiles.dqk_bk)
     dq = torch.empty_like(q)
@@ -580,7 +580,7 @@ def delta_chunk_bwd(
         q_rows, k_rows, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
         scale=scale, T=T, NT=nt, NTOK=ntok,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column,
-        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, **launch)
+        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, num_warps=tiles.dqk_warps, num_stages=NUM_STAGES)
 
     if l2norm_qk:
         dq, dk = _l2norm_rows_grad(dq, q, rq), _l2norm_rows_grad(dk, k, rk)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from lamina.kernels._utils import cdiv, next_power_of_2
-from lamina.kernels.delta_chunk_common import MAX_K, DecayKind, has_warpgroup_mma  # noqa: F401 - re-exported
+from lamina.kernels.delta_chunk_common import (  # noqa: F401 - MAX_K and has_warpgroup_mma re-exported
+    MATRIX_WARPS,
+    MAX_K,
+    DecayKind,
+    has_warpgroup_mma,
+    matrix_warps,
+)
 from lamina.kernels.delta_tuning import DeltaTuning
 
 # Widest key dim whose dH the reverse scan holds in registers by default, as [64, BV] fp32 blocks next
@@ -84,10 +90,12 @@ FP32_DENSE_DQK_BLOCK_K = 16
 #   sm_80, Triton 3.9: DeltaNet 33-34 -> 25-26, Gated DeltaNet 112 -> 93.
 # ``dqk_by_column``: fp32 with a dense decay takes the dqk kernel's intra-chunk products key column by key
 # column on CUDA cores, as a per-channel decay does (every column with the same G), wherever the tensor-core
-# form above still spills: everywhere but DeltaNet on sm_90 at DQK_BLOCK_V columns. Static report, fp32,
-# K = 64 to 512, STL with the tensor-core form -> by column:
+# form above still spills: everywhere but DeltaNet on sm_90 at DQK_BLOCK_V columns with 8 warps (and it runs 4
+# there, ``matrix_warps``, where the tensor-core form spilled too: so by column everywhere now). Static report,
+# fp32, K = 64 to 512, STL with the tensor-core form -> by column:
 #   sm_90: Gated DeltaNet 23-24 (Triton 3.9), 16 (3.6) -> 0 (208-213 registers); the dqk_bv = 32
-#   alternatives 28-71 -> 0 (208-236 registers);
+#   alternatives 28-71 -> 0 (208-236 registers); at 4 warps DeltaNet 8 (3.6) -> 0 (221 registers under 3.9,
+#   248 under 3.6);
 #   sm_80: DeltaNet 25-26 -> 0 (245-253 registers), Gated DeltaNet 93 -> 0 (255 registers).
 # V block of the fp32 prep kernel with per-channel decay on targets without warpgroup products: sm_80,
 # Triton 3.9, KDA and GDN-2 spilled 1 STL at FP32_PREP_BLOCK_V from K = 64 to 512 (255 registers), and
@@ -97,7 +105,13 @@ MMA_SYNC_FP32_CHANNEL_PREP_BLOCK_V = 16
 # program keeps several [BT, 64] fp32 tiles in registers: 8 warps give it the whole register file
 # (256 threads x 255 registers); 4 warps spilled. Loads are not pipelined (1 stage): every loop
 # feeds products whose accumulators already use the registers a second stage would need.
-NUM_WARPS = 8
+# fp32 with warpgroup products runs a kernel whose narrowest product has 16 columns with 4 warps instead
+# (``matrix_warps``, ``BwdTiles.*_warps``): the reverse scan (dv's [BT, BV] products) and the dqk kernel
+# with a dense decay (dq's and dk's [BT, BK]). Static report, sm_90, Triton 3.9, fp32 K = 64: at 4 warps
+# they compile to 144-255 registers without spills (at 8 each had tf32 m64n8k8 products); the per-channel
+# dqk kernel (32-column key blocks) keeps 8, where 4 spilled 5-11 STL, as the prep kernel (32-column value
+# blocks) does, where Gated DeltaNet's spilled 2.
+NUM_WARPS = MATRIX_WARPS
 NUM_STAGES = 1
 
 
@@ -136,6 +150,9 @@ class BwdTiles(NamedTuple):
     prep_p_product: bool = False
     dqk_by_column: bool = False
     channel_dots: bool = False
+    prep_warps: int = NUM_WARPS
+    scan_warps: int = NUM_WARPS
+    dqk_warps: int = NUM_WARPS
 
 
 def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuning | None = None,
@@ -174,6 +191,13 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
     if tuning is not None and tuning.channel_dots and decay == DecayKind.CHANNEL and not fp32:
         tiles = tiles._replace(channel_dots=True, prep_p_product=True, dqk_regram=warpgroup_mma)
     if fp32 and decay != DecayKind.CHANNEL:
-        tensor_core_fits = warpgroup_mma and decay == DecayKind.NONE and tiles.dqk_bv <= DQK_BLOCK_V
+        # at the 4 warps of matrix_warps the tensor-core form spilled (DeltaNet, sm_90, Triton 3.6: 8 STL at K = 64
+        # to 256, 255 registers)
+        tensor_core_fits = (warpgroup_mma and decay == DecayKind.NONE and tiles.dqk_bv <= DQK_BLOCK_V
+                            and matrix_warps(tiles.dqk_bk, fp32, warpgroup_mma) == MATRIX_WARPS)
         tiles = tiles._replace(dqk_by_column=not tensor_core_fits)
-    return tiles
+    # the narrowest product of each: the prep kernel's [BT, BV], the scan's [BT, BV] and [BK, BV], the dqk
+    # kernel's [BT, BK]
+    return tiles._replace(prep_warps=matrix_warps(tiles.prep_bv, fp32, warpgroup_mma),
+                          scan_warps=matrix_warps(min(tiles.scan_bk, tiles.scan_bv), fp32, warpgroup_mma),
+                          dqk_warps=matrix_warps(tiles.dqk_bk, fp32, warpgroup_mma))

@@ -176,6 +176,25 @@ def has_warpgroup_mma(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+# Warps of the family's matrix kernels. With warpgroup products, 8 warps are two warpgroups, which split a
+# 64-row product along its columns: a 16-column one becomes two ``wgmma m64n8k8`` in tf32 (fp32 operands),
+# the shape of Triton issue #10629 (reads its shared operand past the end on an H100). Every float32 kernel
+# with such a product faulted on the H200 and H100 (benchmarks/results/2026-12-06-nvidia-h100/README.md), and
+# the static report flags the shape. A fp32 kernel whose narrowest product has 16 columns runs with
+# ``FP32_NARROW_WARPS`` there (one warpgroup: ``m64n16k8``).
+MATRIX_WARPS = 8
+FP32_NARROW_WARPS = 4
+# Narrowest product per warpgroup that tf32 products use without the shape above.
+WGMMA_TF32_MIN_N = 16
+
+
+def matrix_warps(narrowest: int, fp32: bool, warpgroup_mma: bool) -> int:
+    """Warps of a matrix kernel whose narrowest tensor-core product is ``narrowest`` columns wide, for fp32
+    activations (``fp32``) or 16-bit ones, on a target with warpgroup products (``warpgroup_mma``) or not."""
+    split = narrowest // (MATRIX_WARPS // 4)  # columns per warpgroup at MATRIX_WARPS
+    return FP32_NARROW_WARPS if fp32 and warpgroup_mma and split < WGMMA_TF32_MIN_N else MATRIX_WARPS
+
+
 def l2norm_in_kernels(device: torch.device) -> bool:
     """Whether the delta-rule ops fuse fla's ``use_qk_l2norm_in_kernel`` into the chunked forward kernels on
     ``device`` (``L2NORM``): on Hopper and under the interpreter. Elsewhere the ops run ``lamina.l2_norm`` on q

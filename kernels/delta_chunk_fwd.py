@@ -50,10 +50,13 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_SCALAR,
     DEFAULT_CHUNK_SIZE,
     DOT_PRECISION,
+    FP32_NARROW_WARPS,
     GATE_SCALAR,
+    MATRIX_WARPS,
     MIN_BLOCK,
     STATE_BLOCK_K,
     SUB_BLOCK_C,
+    WGMMA_TF32_MIN_N,
     BetaAct,
     DecayKind,
     GateInput,
@@ -77,6 +80,7 @@ from lamina.kernels.delta_chunk_common import (
     inverse_norm,
     key_blocks,
     load_gate,
+    matrix_warps,
     seq_bounds,
     value_block,
 )
@@ -118,14 +122,39 @@ def prep_value_block(V: int, fp32: bool = False, warpgroup_mma: bool = True) -> 
     return min(PREP_BLOCK_V_FP32_MMA_SYNC if narrow else PREP_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
 
 
+def prep_store_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
+    """(BKY, NKY) of the preparation kernel's ``Y = A (E exp(G))`` loop: the key loops' blocks
+    (``prep_key_blocks``), but for fp32 with warpgroup products at least two warpgroups of ``WGMMA_TF32_MIN_N``
+    columns wide (``matrix_warps``: a 16-column tf32 product at 8 warps is the shape of Triton issue #10629).
+    The loop holds one [BT, BKY] tile next to the inverse, so the wider block costs few registers."""
+    bk, nk = prep_key_blocks(K, decay, fp32)
+    if not (fp32 and warpgroup_mma):
+        return bk, nk
+    k_pad = bk * nk
+    bky = min(k_pad, max(bk, WGMMA_TF32_MIN_N * MATRIX_WARPS // 4))
+    return bky, k_pad // bky
+
+
+def prep_warps(bky: int, bv: int, fp32: bool, warpgroup_mma: bool) -> int:
+    """Warps of the preparation kernel with Y's key block ``bky`` and U's value block ``bv``: ``matrix_warps`` of
+    its narrowest product (those two, or the chunk's [BT, BT] products)."""
+    return matrix_warps(min(bky, bv), fp32, warpgroup_mma)
+
+
+# Warps the state pass's autotuner chooses from, fastest first in the static report's row (the first).
+SCAN_WARPS = (MATRIX_WARPS, 4)
+
+
 class ScanTiles(NamedTuple):
-    """Blocks of the state pass: ``bk`` x ``nk`` key rows, ``bv`` value columns per program, and where the
-    state lives (``state_in_memory``: in the final-state buffer, one key block at a time; else registers)."""
+    """Blocks of the state pass: ``bk`` x ``nk`` key rows, ``bv`` value columns per program, where the
+    state lives (``state_in_memory``: in the final-state buffer, one key block at a time; else registers),
+    and the warps its autotuner chooses from (``warps``; the static report compiles the first)."""
 
     bk: int
     nk: int
     bv: int
     state_in_memory: bool
+    warps: tuple[int, ...] = SCAN_WARPS
 
 
 # Key block of the kernels that read the state from memory one block at a time (the state pass with the
@@ -165,10 +194,20 @@ def scan_tiles(K: int, V: int, fp32: bool, warpgroup_mma: bool, tuning: DeltaTun
         in_memory = tuning.state_in_memory
     if not in_memory:
         bk, nk = key_blocks(K)
-        return ScanTiles(bk, nk, value_block(K, V, fp32=fp32, warpgroup_mma=warpgroup_mma), False)
-    bk, nk = memory_key_blocks(K, fp32)
-    # the V tile of a state with a single key block
-    return ScanTiles(bk, nk, value_block(bk, V, fp32=fp32, warpgroup_mma=warpgroup_mma), True)
+        tiles = ScanTiles(bk, nk, value_block(K, V, fp32=fp32, warpgroup_mma=warpgroup_mma), False)
+    else:
+        bk, nk = memory_key_blocks(K, fp32)
+        # the V tile of a state with a single key block
+        tiles = ScanTiles(bk, nk, value_block(bk, V, fp32=fp32, warpgroup_mma=warpgroup_mma), True)
+    return tiles._replace(warps=scan_warps(tiles.bk, tiles.bv, fp32, warpgroup_mma))
+
+
+def scan_warps(bk: int, bv: int, fp32: bool, warpgroup_mma: bool) -> tuple[int, ...]:
+    """The warps the state pass's autotuner chooses from for key and value blocks ``bk``, ``bv``: its products are
+    [BT, BV] (the output, the writes) and [BK, BV] (the state's update); fp32 with a 16-column one runs only
+    ``matrix_warps``'s."""
+    warps = matrix_warps(min(bk, bv), fp32, warpgroup_mma)
+    return SCAN_WARPS if warps == MATRIX_WARPS else (warps,)
 
 
 # Diagonal block of the triangular solve (see the kernel), the default of ``DeltaTuning.solve_block``
@@ -330,7 +369,7 @@ def _delta_chunk_prep_fwd_kernel(
     A_log, dt_bias, lower_bound,
     scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, BKY: tl.constexpr, NKY: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, GATE_ACT: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SOLVE_BLOCK: tl.constexpr, STORE_A: tl.constexpr,
     L2NORM: tl.constexpr, BETA_ACT: tl.constexpr,
@@ -441,7 +480,14 @@ def _delta_chunk_prep_fwd_kernel(
     # As for the gram: rolled for fp32, unrolled for 16-bit. Static report, sm_90, Triton 3.9: unrolled, the
     # fp32 blocked-solve rows spilled 2-111 STL (A's split operands live beside every key block's loads) and
     # rolled none does, while the fp32 defaults take 28-60 fewer registers; rolled, 16-bit KDA and GDN-2
-    # took 20-47 more.
+    # took 20-47 more. Y's key blocks (BKY) are the key loops' (BK) but where 8 warps would split a 16-column
+    # product over two warpgroups (fp32 with warpgroup products: prep_store_key_blocks). Those store U first:
+    # after Y, with 32-column blocks of Y, GDN-2's solve_block=16 and 32 rows spilled 2 and 1 STL at K = 64
+    # (sm_90, Triton 3.9; 254 registers), and U first compiles them without spills.
+    U_FIRST: tl.constexpr = BKY > BK
+    if U_FIRST:
+        _store_solved_values(u, v, w, gcum, b_Ad, b_gs, tok0, o_t, m_t, i_hv, HV, V, BV, WRITE, DOT_PRECISION,
+                             BETA_ACT)
     b_rk = 1.0
     if L2NORM:  # loaded again rather than kept live across the solve
         b_rk = tl.load(_vec_ptrs(rk, tok0, o_t, i_h, H), mask=m_t, other=0.0)
@@ -453,13 +499,22 @@ def _delta_chunk_prep_fwd_kernel(
         b_beta = activated_beta(tl.load(_vec_ptrs(b, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32),
                                 BETA_ACT)
     if DT == tl.float32:
-        for kb in range(NK):
+        for kb in range(NKY):
             _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, b_rk, kb, tok0, o_t, m_t, i_h, i_hv,
-                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION, L2NORM)
+                                H, HV, K, BKY, ERASE, DECAY, DOT_PRECISION, L2NORM)
     else:
-        for kb in tl.static_range(NK):
+        for kb in tl.static_range(NKY):
             _store_solved_block(wy, k, b, gcum, b_Ad, b_beta, b_gs, b_rk, kb, tok0, o_t, m_t, i_h, i_hv,
-                                H, HV, K, BK, ERASE, DECAY, DOT_PRECISION, L2NORM)
+                                H, HV, K, BKY, ERASE, DECAY, DOT_PRECISION, L2NORM)
+    if not U_FIRST:
+        _store_solved_values(u, v, w, gcum, b_Ad, b_gs, tok0, o_t, m_t, i_hv, HV, V, BV, WRITE, DOT_PRECISION,
+                             BETA_ACT)
+
+
+@triton.jit
+def _store_solved_values(u, v, w, gcum, b_Ad, b_gs, tok0, o_t, m_t, i_hv, HV: tl.constexpr, V: tl.constexpr,
+                         BV: tl.constexpr, WRITE: tl.constexpr, DOT_PRECISION: tl.constexpr, BETA_ACT: tl.constexpr):
+    """Stores ``U = A Z`` (the writes ``w * v``), ``BV`` value columns at a time (``_store_solved_block``)."""
     b_wbeta = 1.0  # a per-column write gate is loaded with its value block
     if WRITE == GATE_SCALAR:
         b_wbeta = activated_beta(tl.load(_vec_ptrs(w, tok0, o_t, i_hv, HV), mask=m_t, other=0.0).to(tl.float32),
@@ -682,15 +737,40 @@ def _warps_stages(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[trito
     return [triton.Config({}, num_warps=nw, num_stages=ns) for nw in warps for ns in stages]
 
 
+def _configs_of_warps(launch_warps):
+    """An autotuner's ``early_config_prune``: the configs whose warps are among ``launch_warps(args)`` (the
+    launch's arguments by name): the warps follow from the launch's blocks (``prep_warps``, ``scan_warps``), as the
+    static report compiles them."""
+    def prune(configs, named_args, **kwargs):
+        allowed = launch_warps({**named_args, **kwargs})
+        return [c for c in configs if c.num_warps in allowed]
+    return prune
+
+
+def _launch_target(args: dict) -> tuple[bool, bool]:
+    """(fp32 activations, warpgroup products) of a launch: from its q."""
+    return args["q"].dtype == torch.float32, has_warpgroup_mma(args["q"].device)
+
+
+def _prep_launch_warps(args: dict) -> tuple[int, ...]:
+    return (prep_warps(args["BKY"], args["BV"], *_launch_target(args)),)
+
+
+def _scan_launch_warps(args: dict) -> tuple[int, ...]:
+    return scan_warps(args["BK"], args["BV"], *_launch_target(args))
+
+
 # Autotune keys name dims, variant flags, chunk size and the speed alternatives' constexprs (each
 # alternative gets its own tuning; tensor dtypes are added by the autotuner): never T or the number of
 # sequences, so a new varlen batch does not retune.
 # The preparation kernel runs with 8 warps only: on an H200 (Triton 3.6) its 4-warp configs ended DeltaNet and
 # Gated DeltaNet bf16 at K = 128 in an illegal memory access while the autotuner timed them, and with 8 warps
 # alone both matched float64, forward and backward (benchmarks/results/2026-12-04-nvidia-h200/README.md).
-_prep_fwd = autotune(_warps_stages((8,), (1, 2)),
+# fp32 with a 16-column product runs 4 warps instead (prep_warps, through the pruning).
+_prep_fwd = autotune(_warps_stages((MATRIX_WARPS, FP32_NARROW_WARPS), (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "DECAY", "ERASE", "WRITE", "GATE_ACT", "IS_VARLEN",
-                          "SOLVE_BLOCK", "STORE_A", "L2NORM", "BETA_ACT"])(
+                          "SOLVE_BLOCK", "STORE_A", "L2NORM", "BETA_ACT"],
+                     prune_configs_by={"early_config_prune": _configs_of_warps(_prep_launch_warps)})(
     _delta_chunk_prep_fwd_kernel)
 def _restore_state_hooks() -> tuple:
     """Autotuner hooks for the state pass: with the state in memory it updates ``ht`` in place, so every timed
@@ -711,9 +791,10 @@ def _restore_state_hooks() -> tuple:
 
 
 _scan_pre_hook, _scan_post_hook = _restore_state_hooks()
-_scan_fwd = autotune(_warps_stages((8, 4), (1, 2)),
+_scan_fwd = autotune(_warps_stages(SCAN_WARPS, (1, 2)),
                      key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "SAVE_STATES", "STORE_O",
-                          "STATE_IN_MEMORY", "L2NORM"], pre_hook=_scan_pre_hook, post_hook=_scan_post_hook)(
+                          "STATE_IN_MEMORY", "L2NORM"], pre_hook=_scan_pre_hook, post_hook=_scan_post_hook,
+                     prune_configs_by={"early_config_prune": _configs_of_warps(_scan_launch_warps)})(
     _delta_chunk_scan_fwd_kernel)
 _out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT", "BV", "DECAY", "IS_VARLEN", "L2NORM"])(
     _delta_chunk_out_fwd_kernel)
@@ -795,13 +876,14 @@ def delta_chunk_fwd(
     if index.total > 0:
         warpgroup_mma = has_warpgroup_mma(q.device)
         BKP, NKP = prep_key_blocks(K, flags["DECAY"], fp32=fp32)
+        BKY, NKY = prep_store_key_blocks(K, flags["DECAY"], fp32, warpgroup_mma)
         _prep_fwd[(index.total * HV,)](
             q, k, v, g, b, w, gcum, wy, u, aqk, aqk if solve is None else solve, rq, rk, cu_seqlens, index.indices,
             scale=scale, T=T, NT=index.per_sequence, STORE_A=solve is not None, L2NORM=l2norm_qk, BETA_ACT=beta_act,
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
-            BK=BKP, NK=NKP, **common)
+            BK=BKP, NK=NKP, BKY=BKY, NKY=NKY, **common)
     tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())
     # The output in the state pass (default), or in a parallel pass over every chunk from the states and
     # writes the state pass saves (delta_tuning(output_kernel=True)).

@@ -24,7 +24,6 @@ from lamina.kernels._utils import AotSpec, raw_jit, register_aot, report_grid
 from lamina.kernels.delta_chunk_bwd import (
     DEFAULT_CHUNK_SIZE,
     NUM_STAGES,
-    NUM_WARPS,
     BwdTiles,
     _delta_chunk_bwd_dh_kernel,
     _delta_chunk_bwd_prep_kernel,
@@ -49,7 +48,9 @@ from lamina.kernels.delta_chunk_fwd import (
     _delta_chunk_scan_fwd_kernel,
     memory_key_blocks,
     prep_key_blocks,
+    prep_store_key_blocks,
     prep_value_block,
+    prep_warps,
     scan_tiles,
 )
 from lamina.kernels.delta_recurrent_fwd import training_spec
@@ -136,7 +137,19 @@ def _register_scan(label: str, io: str, g_ty: str, base: dict, tiles: ScanTiles,
         meta["archs"] = archs
     blocks = f"BV={tiles.bv}" + (f" BK={tiles.bk}" if tiles.state_in_memory else "")
     register_aot(AotSpec("delta_chunk_scan_fwd", f"{label} {blocks}{suffix}", _delta_chunk_scan_fwd_kernel,
-                         signature, constexprs, num_warps=8, num_stages=1, default=default, meta=meta))
+                         signature, constexprs, num_warps=tiles.warps[0], num_stages=1, default=default, meta=meta))
+
+
+def _prep_blocks(K: int, V: int, decay: int, fp32: bool, warpgroup_mma: bool) -> tuple[tuple, int]:
+    """(the block constexprs, warps) of the preparation kernel on a target, as the launcher chooses them."""
+    (bk, nk), (bky, nky) = prep_key_blocks(K, decay, fp32), prep_store_key_blocks(K, decay, fp32, warpgroup_mma)
+    bv = prep_value_block(V, fp32, warpgroup_mma)
+    return (("BK", bk), ("NK", nk), ("BKY", bky), ("NKY", nky), ("BV", bv)), prep_warps(bky, bv, fp32, warpgroup_mma)
+
+
+def _prep_label(blocks: tuple) -> str:
+    b = dict(blocks)
+    return f" BK={b['BK']}" + (f" BKY={b['BKY']}" if b["BKY"] != b["BK"] else "") + f" BV={b['BV']}"
 
 
 def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
@@ -160,20 +173,17 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
         prep_sig, norm_c = _prep_signature(io, g_ty, prep_c, False)
         prep_l2_c, prep_c = {**prep_c, **l2_c}, {**prep_c, **norm_c}
         prep_attrs = aligned_attrs(_delta_chunk_prep_fwd_kernel, prep_sig)
-        # the blocks each target runs with; one row per distinct choice
-        prep_archs: dict[tuple[int, int, int], list[int]] = {}
+        # the blocks (and warps) each target runs with; one row per distinct choice
+        prep_archs: dict[tuple[tuple, int], list[int]] = {}
         for arch, warpgroup_mma in TARGETS.items():
-            blocks = (*prep_key_blocks(K, decay, fp32), prep_value_block(V, fp32, warpgroup_mma))
-            prep_archs.setdefault(blocks, []).append(arch)
-        for (BKP, NKP, BVP), archs in prep_archs.items():
+            prep_archs.setdefault(_prep_blocks(K, V, decay, fp32, warpgroup_mma), []).append(arch)
+        for (blocks, warps), archs in prep_archs.items():
             meta = {"attrs": prep_attrs, **({"archs": archs} if len(archs) < len(TARGETS) else {})}
-            register_aot(AotSpec("delta_chunk_prep_fwd",
-                                 label + (f" BK={BKP} BV={BVP}" if len(prep_archs) > 1 else ""),
-                                 _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP},
-                                 num_warps=8, num_stages=1, meta=meta))
+            register_aot(AotSpec("delta_chunk_prep_fwd", label + (_prep_label(blocks) if len(prep_archs) > 1 else ""),
+                                 _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, **dict(blocks)},
+                                 num_warps=warps, num_stages=1, meta=meta))
+        alt_blocks, alt_warps = _prep_blocks(K, V, decay, fp32, TARGETS[ALTERNATIVE_ARCHS[0]])
         alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
-        BKP, NKP = prep_key_blocks(K, decay, fp32)
-        BVP = prep_value_block(V, fp32, alt_mma)
         alt_rows = [(tuning.label(), {"SOLVE_BLOCK": tuning.solve_block})
                     for tuning in ALTERNATIVES if alternatives and tuning.solve_block != SOLVE_BLOCK]
         fused_suffix, fused_c = _fused_options(decay, erase)
@@ -181,21 +191,20 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
             alt_rows.append((fused_suffix.lstrip(), fused_c))
         for suffix, choice in alt_rows:
             register_aot(AotSpec("delta_chunk_prep_fwd", f"{label} {suffix}", _delta_chunk_prep_fwd_kernel,
-                                 prep_sig, {**prep_c, "BK": BKP, "NK": NKP, "BV": BVP, **choice},
-                                 num_warps=8, num_stages=1, default=False,
+                                 prep_sig, {**prep_c, **dict(alt_blocks), **choice},
+                                 num_warps=alt_warps, num_stages=1, default=False,
                                  meta={"attrs": prep_attrs, "archs": list(ALTERNATIVE_ARCHS)}))
         # the l2norm of q and k fused in (with the gate activation and beta sigmoid where there are), on every
         # target that fuses it
         suffix = f" {L2NORM_ROW}{fused_suffix}"
-        for (bk, nk, bv), archs in prep_archs.items() if alternatives else ():
+        for (blocks, warps), archs in prep_archs.items() if alternatives else ():
             archs = [a for a in archs if a in L2NORM_ARCHS]
             if not archs:
                 continue
             register_aot(AotSpec("delta_chunk_prep_fwd",
-                                 label + (f" BK={bk} BV={bv}" if len(prep_archs) > 1 else "") + suffix,
-                                 _delta_chunk_prep_fwd_kernel, l2_sig,
-                                 {**prep_l2_c, "BK": bk, "NK": nk, "BV": bv, **fused_c},
-                                 num_warps=8, num_stages=1, default=False,
+                                 label + (_prep_label(blocks) if len(prep_archs) > 1 else "") + suffix,
+                                 _delta_chunk_prep_fwd_kernel, l2_sig, {**prep_l2_c, **dict(blocks), **fused_c},
+                                 num_warps=warps, num_stages=1, default=False,
                                  meta={"attrs": aligned_attrs(_delta_chunk_prep_fwd_kernel, l2_sig), "archs": archs}))
 
         scan_base = {**base, "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "SAVE_STATES": True,
@@ -267,14 +276,16 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
 
 
 def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
-    """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``."""
+    """The block constexprs (and launch flags) ``fn`` runs with under ``tiles``, and its warps (``num_warps``)."""
     return {
         _delta_chunk_bwd_prep_kernel: dict(BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=False,
-                                           P_PRODUCT=tiles.prep_p_product),
+                                           P_PRODUCT=tiles.prep_p_product, num_warps=tiles.prep_warps),
         _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
-                                         USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True),
+                                         USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True,
+                                         num_warps=tiles.scan_warps),
         _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram,
-                                          BY_COLUMN=tiles.dqk_by_column, CHANNEL_DOTS=tiles.channel_dots),
+                                          BY_COLUMN=tiles.dqk_by_column, CHANNEL_DOTS=tiles.channel_dots,
+                                          num_warps=tiles.dqk_warps),
     }[fn]
 
 
@@ -330,23 +341,25 @@ def _register_bwd_blocks(fn, variant: str, K: int, V: int, dtype: str, decay: in
         # with L2NORM, the rows' inverse norms (float32) and the normalised rows (the activations' dtype); else None
         norms = {name: ty for name, ty in (("rq", "*fp32"), ("rk", "*fp32"), ("qn", f"*{dtype}"), ("kn", f"*{dtype}"))
                  if name in jit.arg_names}
-        l2norm = dict(blocks).get("L2NORM", False)
+        blocks = dict(blocks)
+        warps = blocks.pop("num_warps")
+        l2norm = blocks.get("L2NORM", False)
         signature = {**_bwd_signature(fn, dtype, decay, erase, write), **(norms if l2norm else {})}
         constexprs = {**dict(H=4, HV=4, K=K, V=V, BT=DEFAULT_CHUNK_SIZE, DECAY=decay, ERASE=erase, WRITE=write,
                              IS_VARLEN=False, DOT_PRECISION=DOT_PRECISION, GATE_ACT=GateAct.NONE,
                              BETA_ACT=BetaAct.NONE),
                       **({"L2NORM": False} if "L2NORM" in jit.arg_names else {}),
-                      **dict(blocks), **{name: None for name in _DENSE_NONE if name in jit.arg_names},
+                      **blocks, **{name: None for name in _DENSE_NONE if name in jit.arg_names},
                       **({} if l2norm else dict.fromkeys(norms))}
-        label = " ".join(f"{name}={value}" for name, value in blocks if name in ("BK", "BV"))
-        label += " by_column" if dict(blocks).get("BY_COLUMN") else ""
+        label = " ".join(f"{name}={value}" for name, value in blocks.items() if name in ("BK", "BV"))
+        label += " by_column" if blocks.get("BY_COLUMN") else ""
         # torch's allocations are 16-byte aligned: the run-time JIT specialises every pointer so
         meta = {"attrs": aligned_attrs(jit, signature)}
         if len(per_arch) > 1 or always_archs:
             meta["archs"] = archs
         register_aot(AotSpec(
             name=jit.__name__, config=f"{variant} {dtype} K={K} V={V} BT={DEFAULT_CHUNK_SIZE} {label}{suffix}",
-            fn=jit, signature=signature, constexprs=constexprs, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            fn=jit, signature=signature, constexprs=constexprs, num_warps=warps, num_stages=NUM_STAGES,
             uses_dot=True, default=default, meta=meta,
         ))
 

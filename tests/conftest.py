@@ -41,9 +41,10 @@ if INTERPRET:
 
 
 # Tests that take minutes start first, so that under pytest-xdist no worker is left running one of them alone
-# at the end (the static report compiles every kernel configuration: 2-4 minutes with a cold Triton cache).
+# at the end (the static report compiles every kernel configuration: 2-4 minutes with a cold Triton cache; K = 512
+# training of GDN-2 under the interpreter: about 45 s).
 LONG_FIRST = ("test_static_report.py::test_kernel_configs_compile_without_spills",
-              "test_bench_device_check.py::", "test_hrm_ext.py::test_cuda_")
+              "test_bench_device_check.py::", "test_hrm_ext.py::test_cuda_", "test_training_with_keys_of_512")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -257,8 +257,11 @@ def test_autotuners_are_pinned_to_one_config_without_timing(tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import sanitizer_cases as s\n"
         "n = s.pin_autotuners()\n"
+        "import torch\n"
         "from lamina.kernels.delta_chunk_fwd import _prep_fwd\n"
-        "pruned = _prep_fwd.prune_configs({})\n"
+        # the launch arguments its own pruning reads (a 16-bit launch: every config of 8 warps)
+        "_prep_fwd.nargs = {'q': torch.empty(0, dtype=torch.bfloat16)}\n"
+        "pruned = _prep_fwd.prune_configs({'BKY': 64, 'BV': 32})\n"
         "assert n >= 4 and len(_prep_fwd.configs) > 1 and pruned == _prep_fwd.configs[:1], (n, pruned)\n"
         "assert _prep_fwd._bench(config=pruned[0]) == [0.0, 0.0, 0.0]\n"
         "print(n)\n"

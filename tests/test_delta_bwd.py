@@ -305,7 +305,7 @@ def test_bwd_report_matches_launch():
              "_delta_chunk_bwd_dqk_kernel": "dqk"}
     covered = set()
     for spec in specs:
-        assert (spec.num_warps, spec.num_stages) == (bwd.NUM_WARPS, bwd.NUM_STAGES), spec.config
+        assert spec.num_stages == bwd.NUM_STAGES, spec.config
         assert spec.meta.get("attrs"), f"{spec.config}: compiled without the JIT's pointer alignment"
         c = spec.constexprs
         tuning = None
@@ -336,6 +336,7 @@ def test_bwd_report_matches_launch():
             tiles = bwd.bwd_tiles(c["K"], c["V"], c["DECAY"], arch == 90, tuning, fp32=spec.signature["k"] == "*fp32")
             want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
+            assert spec.num_warps == getattr(tiles, field[spec.name] + "_warps"), f"{spec.config} sm_{arch}"
             if spec.name == "_delta_chunk_bwd_dh_kernel":
                 assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
             if spec.name == "_delta_chunk_bwd_prep_kernel":

@@ -241,16 +241,30 @@ def test_separate_output_kernel(monkeypatch, variant):
 def spy_launches(monkeypatch, kernel_name, *names, run: bool = True):
     """Record the named launch arguments of every launch of the forward's kernel ``kernel_name`` (a
     ``kernels/delta_chunk_fwd.py`` attribute): a list of tuples, None for a name the launch does not pass.
+    The name ``num_warps`` records the warps of the first config of 8 or 4 warps that the autotuner's pruning
+    keeps for the launch (None without pruning): the warps it runs with on a GPU.
     ``run=False``: the launches are recorded and not run (the outputs keep what they were allocated with)."""
+    import triton
+
     import lamina.kernels.delta_chunk_fwd as fwd
 
     launched = []
     kernel = getattr(fwd, kernel_name)
 
+    def warps(named):
+        prune = getattr(kernel, "early_config_prune", None)
+        configs = [triton.Config({}, num_warps=w, num_stages=1) for w in (8, 4)]
+        return prune(configs, named)[0].num_warps if prune else None
+
     class Spy:
+        # as the autotuner it wraps (a spy can wrap another)
+        arg_names = kernel.arg_names
+        early_config_prune = staticmethod(getattr(kernel, "early_config_prune", None))
+
         def __getitem__(self, grid):
             def launch(*args, **kw):
-                launched.append(tuple(kw.get(n) for n in names))
+                named = {**dict(zip(kernel.arg_names, args)), **kw}
+                launched.append(tuple(warps(named) if n == "num_warps" else kw.get(n) for n in names))
                 return kernel[grid](*args, **kw) if run else None
             return launch
 
@@ -308,18 +322,20 @@ def test_triangular_solves_with_overlapping_keys(solve_block):
                          ids=["fp32-sm90", "fp32-sm80", "bf16"])
 def test_prep_key_blocks_by_dtype(monkeypatch, variant, dtype, warpgroup_mma):
     """fp32 activations get the preparation kernel's narrower key blocks (its key loop rolled; on targets
-    without warpgroup products the V tile narrows too), 16-bit ones the wider blocks (unrolled); each gives the
-    reference's results over several key blocks."""
+    without warpgroup products the V tile narrows too; with them, Y's key blocks are 32 wide, so that no product
+    of its 8 warps is a tf32 m64n8k8), 16-bit ones the wider blocks (unrolled); each gives the reference's
+    results over several key blocks."""
     import lamina.kernels.delta_chunk_fwd as fwd
     from lamina.kernels.delta_chunk_fwd import PREP_BLOCK_K, PREP_BLOCK_K_FP32
 
     monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device: warpgroup_mma)
-    launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BV")
+    launched = spy_launches(monkeypatch, "_prep_fwd", "BK", "NK", "BKY", "NKY", "BV", "num_warps")
     check_against_reference(variant, 1, 100, 2, 2, 128, 32, dtype, varlen=[0, 70, 100], h0=True)
     want = PREP_BLOCK_K_FP32 if dtype == torch.float32 else PREP_BLOCK_K[VARIANTS[variant][0]]
+    want_y = 32 if dtype == torch.float32 and warpgroup_mma else want
     # V = 32: the fp32 V tile narrows to 16 without warpgroup products
     want_bv = 16 if dtype == torch.float32 and not warpgroup_mma else 32
-    assert launched == [(want, 128 // want, want_bv)] and 128 // want > 1
+    assert launched == [(want, 128 // want, want_y, 128 // want_y, want_bv, 8)] and 128 // want > 1
 
 
 @pytest.mark.grid  # a speed alternative: the oldest-Triton CI leg compiles it (static report), leg 1 runs it
@@ -369,7 +385,7 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     rows = utils.registered_aot()
     kernels = {"_prep_fwd": "delta_chunk_prep_fwd", "_scan_fwd": "delta_chunk_scan_fwd",
                "_out_fwd": "delta_chunk_out_fwd"}
-    blocks = ("BK", "NK", "BV", "SOLVE_BLOCK", "STATE_IN_MEMORY", "STORE_O")
+    blocks = ("BK", "NK", "BKY", "NKY", "BV", "SOLVE_BLOCK", "STATE_IN_MEMORY", "STORE_O", "num_warps")
     # what is checked is the launches' blocks, not what the kernels compute: they are recorded, not run
     spies = {kernel: spy_launches(monkeypatch, kernel, *blocks, run=False) for kernel in kernels}
     checked, expected = 0, 0
@@ -395,8 +411,10 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                         continue
                     assert len(launched) == 1 and len(named or plain) == 1, (kernel, label, tuning, arch)
                     row = (named or plain)[0]
-                    want = tuple(row.constexprs.get(n) for n in blocks)
-                    got = tuple(value if n in row.constexprs else None for n, value in zip(blocks, launched[0]))
+                    want = tuple(row.num_warps if n == "num_warps" and value is not None else row.constexprs.get(n)
+                                 for n, value in zip(blocks, launched[0]))
+                    got = tuple(value if n in row.constexprs or n == "num_warps" else None
+                                for n, value in zip(blocks, launched[0]))
                     assert got == want, f"{row.name} {row.config} sm_{arch} under {tuning.label()}"
                     checked += 1
     assert checked == expected, (checked, expected)
@@ -423,7 +441,8 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
     # the l2norm of q and k fused in (use_qk_l2norm_in_kernel; the preparation with the gate activation too where
     # there is a decay, as the layers run it): each kernel's row of that name on every target that fuses it, and
     # with the output kernel on the alternatives' targets
-    names = ("BK", "NK", "BV", "GATE_ACT", "BETA_ACT", "L2NORM", "STATE_IN_MEMORY", "STORE_O")
+    names = ("BK", "NK", "BKY", "NKY", "BV", "GATE_ACT", "BETA_ACT", "L2NORM", "STATE_IN_MEMORY", "STORE_O",
+             "num_warps")
     spies = {kernel: spy_launches(monkeypatch, kernel, *names, run=False) for kernel in kernels}
     for arch in L2NORM_ARCHS:
         monkeypatch.setattr(fwd, "has_warpgroup_mma", lambda device, wg=TARGETS[arch]: wg)
@@ -449,8 +468,10 @@ def test_fwd_report_matches_launch(monkeypatch, dtype):
                           and r.config.endswith(end) and ("output_kernel=True" in r.config) == bool(suffix)
                           and arch in r.meta.get("archs", TARGETS)]
                 assert row.constexprs["L2NORM"] and not row.default, row.config
-                want = tuple(row.constexprs.get(n) for n in names)
-                got = tuple(value if n in row.constexprs else None for n, value in zip(names, launched[0]))
+                want = tuple(row.num_warps if n == "num_warps" and value is not None else row.constexprs.get(n)
+                             for n, value in zip(names, launched[0]))
+                got = tuple(value if n in row.constexprs or n == "num_warps" else None
+                            for n, value in zip(names, launched[0]))
                 assert len(launched) == 1 and got == want, (row.config, launched)
 
 

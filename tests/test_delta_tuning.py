@@ -114,6 +114,34 @@ def test_fp32_tiles(warpgroup_mma):
     assert bwd_tiles(64, 64, 0, True, DeltaTuning(prep_bv=64), fp32=True).prep_bv == 64
 
 
+@pytest.mark.parametrize("K", [16, 64, 128, 512])
+def test_fp32_warps_keep_tf32_products_sixteen_columns_wide(K):
+    """With warpgroup products, fp32 kernels whose narrowest product has 16 columns run one warpgroup (4 warps;
+    at 8 such a product is split into tf32 m64n8k8 halves, Triton issue #10629): the forward's state pass and the
+    backward's scan, and the dqk kernel with a dense decay (16-column key blocks); the forward's prep kernel
+    keeps 8 with 32-column blocks of Y and U, and so do the backward's prep and the per-channel dqk kernel
+    (32-column blocks). Every other case keeps the 8 warps (and the state pass its autotuned choice of 8 or 4)."""
+    from lamina.kernels.delta_chunk_fwd import prep_store_key_blocks, prep_value_block, prep_warps
+
+    for decay in (0, 1, 2):
+        for fp32, warpgroup_mma in ((True, True), (True, False), (False, True), (False, False)):
+            narrow = fp32 and warpgroup_mma
+            t = bwd_tiles(K, K, decay, warpgroup_mma, fp32=fp32)
+            bky, _ = prep_store_key_blocks(K, decay, fp32, warpgroup_mma)
+            bv = prep_value_block(K, fp32, warpgroup_mma)
+            warps = (prep_warps(bky, bv, fp32, warpgroup_mma), scan_tiles(K, K, fp32, warpgroup_mma).warps,
+                     t.prep_warps, t.scan_warps, t.dqk_warps)
+            if not narrow:
+                assert warps == (8, (8, 4), 8, 8, 8), (decay, fp32, warpgroup_mma)
+                continue
+            # K = 16: every block is 16 wide, so every kernel runs one warpgroup
+            assert (bky, bv) == ((16, 16) if K == 16 else (32, 32)), decay
+            dqk = 4 if decay != 2 or K == 16 else 8
+            assert warps == ((4, (4,), 4, 4, dqk) if K == 16 else (8, (4,), 8, 4, dqk)), decay
+    # a tuning's wider blocks take the 8 warps back
+    assert bwd_tiles(64, 64, 1, True, DeltaTuning(scan_bv=32, dh_in_memory=False), fp32=True).scan_warps == 8
+
+
 def test_nested_choices_and_restore():
     assert active_tuning() == DeltaTuning()
     with delta_tuning(solve_block=16) as outer:

@@ -6,11 +6,12 @@ Three knobs, for bisecting the float32 kernels' faults:
 
 * ``DIAG_DOT``: the backward kernels' ``input_precision`` (default ``tf32x3``; ``ieee`` takes the tensor cores
   out of the backward);
-* ``DIAG_BWD_WARPS``: the backward kernels' warps (default 8). With 8 warps a [64, 16] product splits its
-  16 columns over two warpgroups (``wgmma m64n8k8`` in tf32, the shape of Triton issue #10629); with 4 it
-  does not.
+* ``DIAG_BWD_WARPS``: every backward kernel's warps (default: ``bwd_tiles``'s choice, ``matrix_warps``). With
+  8 warps a [64, 16] product splits its 16 columns over two warpgroups (``wgmma m64n8k8`` in tf32, the shape
+  of Triton issue #10629); with 4 it does not. ``DIAG_BWD_WARPS=8`` is the float32 backward as it was before
+  ``matrix_warps``.
 * ``DIAG_FWD_WARPS``: the forward kernels' autotune configs cut to those of this many warps (one config of
-  1 stage when none has them), the same question for the forward.
+  1 stage when none has them, and no pruning by the blocks), the same question for the forward.
 """
 import os
 import sys
@@ -36,8 +37,12 @@ try:
 
     core.UNTRUSTED_FP32_DEVICES = ()
     bwd.DOT_PRECISION = os.environ.get("DIAG_DOT", bwd.DOT_PRECISION)
-    bwd.NUM_WARPS = int(os.environ.get("DIAG_BWD_WARPS", bwd.NUM_WARPS))
-    tag += f" (backward {bwd.DOT_PRECISION}, {bwd.NUM_WARPS} warps"
+    tag += f" (backward {bwd.DOT_PRECISION}"
+    if os.environ.get("DIAG_BWD_WARPS"):
+        bwd_warps, shipped_tiles = int(os.environ["DIAG_BWD_WARPS"]), bwd.bwd_tiles
+        bwd.bwd_tiles = lambda *a, **kw: shipped_tiles(*a, **kw)._replace(
+            prep_warps=bwd_warps, scan_warps=bwd_warps, dqk_warps=bwd_warps)
+        tag += f", {bwd_warps} warps"
     if os.environ.get("DIAG_FWD_WARPS"):
         import triton
 
@@ -47,6 +52,7 @@ try:
         for tuner in (fwd._prep_fwd, fwd._scan_fwd, fwd._out_fwd):
             tuner.configs = [c for c in tuner.configs if c.num_warps == warps] or [
                 triton.Config({}, num_warps=warps, num_stages=1)]
+            tuner.early_config_prune = None
         tag += f"; forward {warps} warps"
     tag += ")"
     xs = [None if x is None else x.to(DEV) for x in make_inputs(var, B, T, H, H, K, K, dtype, h0=True)]

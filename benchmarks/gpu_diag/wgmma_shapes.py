@@ -1,6 +1,6 @@
 """The warpgroup product shapes (``wgmma m64nNkK`` and operand type) in the sm_90 PTX of every registered kernel
-configuration whose name and config contain each argument, compiled ahead of time on the CPU; rows with a tf32
-``m64n8k8`` (Triton issue #10629) start with ``N8``.
+configuration for sm_90 whose name and config contain each argument, compiled ahead of time on the CPU; rows
+with a tf32 ``m64n8k8`` (Triton issue #10629) start with ``N8``.
 
     LAMINA_REPORT_GRID=full python benchmarks/gpu_diag/wgmma_shapes.py delta_chunk fp32 "K=64 " [--warps 4] \
         [--defaults-only]
@@ -34,8 +34,10 @@ def main() -> None:
     parser.add_argument("--defaults-only", action="store_true", help="leave out the non-default rows")
     args = parser.parse_args()
     specs = info._load_registry()
+    # the rows that run on sm_90 (a row registered for other targets only is not compiled)
     jobs = [(i, args.warps) for i, s in enumerate(specs)
-            if all(w in f"{s.name} {s.config}" for w in args.words) and (s.default or not args.defaults_only)]
+            if all(w in f"{s.name} {s.config}" for w in args.words) and (s.default or not args.defaults_only)
+            and 90 in s.meta.get("archs", (90,))]
     print(f"{len(jobs)} configurations", flush=True)
     with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
         for line in pool.map(_one, jobs):

@@ -358,10 +358,12 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # the float32 backward gave wrong dq, dk, dg (RMS error ratios about 0.6 against float64, Gated DeltaNet) and
 # illegal memory accesses (DeltaNet, KDA) (benchmarks/results/2026-12-04-nvidia-h200/README.md); on an H100
 # (Triton 3.6) the float32 KDA forward ended in one (benchmarks/results/2026-12-06-nvidia-h100/README.md). For
-# sm_90, Triton 3.6 and 3.9 compile the float32 chunked kernels (tf32x3 products) to the warpgroup product of
+# sm_90, Triton 3.6 and 3.9 compiled those float32 chunked kernels (tf32x3 products) to the warpgroup product of
 # Triton issue #10629, ``wgmma m64n8k8`` in tf32, which reads its shared-memory operand past its end; the
 # static report flags it. The bf16/fp16 kernels and the token-by-token forward have no such product and
-# matched float64 there. Under the interpreter on CPU the float32 kernels are right.
+# matched float64 there. Under the interpreter on CPU the float32 kernels are right. The float32 kernels now
+# run such products at 4 warps (``matrix_warps``; the static report finds none at K = 64 to 512), but no GPU
+# has run them since: the fence stays until one does (benchmarks/gpu_diag/fp32_warps.sh asks it).
 UNTRUSTED_FP32_DEVICES = ("cuda",)
 
 
