@@ -8,7 +8,8 @@
 # 2. the timed sweep, one variant after the other, each alone on the GPU with PER_OP_S of budget;
 # 3. its report from all the records (report.txt).
 # The defaults and fla first; ALTERNATIVES (labels of lamina.kernels.delta_tuning's speed alternatives, default
-# the forward's blocked solves; "all", or "" for none) after them in each variant's budget.
+# the forward's blocked solves and its separate output kernel, fla's layout of the forward; "all", or "" for none)
+# after them in each variant's budget.
 # WARM_S (default 220) limits part 1, TOTAL_S (default 520) the whole call: a variant that would not end in time is
 # not started. Files under $OUT: env.log, checks.log, bench.jsonl, report.txt, logs.tgz (every process's log).
 # DRY_RUN=1 (on a CPU, PYTHON=a venv's python): the same steps at the sweep's dry-run shape under the interpreter.
@@ -17,7 +18,7 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"
 WARM_S="${WARM_S:-220}"; PER_OP_S="${PER_OP_S:-55}"; TOTAL_S="${TOTAL_S:-520}"
 OPS="${OPS:-gated_delta_rule kda gdn2 delta_rule}"
-ALTERNATIVES="${ALTERNATIVES-solve_block=16 solve_block=32}"
+ALTERNATIVES="${ALTERNATIVES-solve_block=16 solve_block=32 output_kernel=True}"
 PYTHON="${PYTHON:-python3}"; DEVICE_ARGS=(--device cuda); SHAPE=2x512x4x128; SHAPES="0 1 2"
 if [ "${DRY_RUN:-0}" = "1" ]; then
     DEVICE_ARGS=(--dry-run); SHAPE=1x40x1x16; SHAPES="0"; export DEV=cpu TRITON_INTERPRET=1
