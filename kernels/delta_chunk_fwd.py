@@ -141,7 +141,7 @@ def prep_warps(bky: int, bv: int, fp32: bool, warpgroup_mma: bool) -> int:
     return matrix_warps(min(bky, bv), fp32, warpgroup_mma)
 
 
-# Warps the state pass's autotuner chooses from, fastest first in the static report's row (the first).
+# Warps the state pass's autotuner chooses from (the static report compiles the first).
 SCAN_WARPS = (MATRIX_WARPS, 4)
 
 
