@@ -178,9 +178,9 @@ def has_warpgroup_mma(device: torch.device) -> bool:
 
 # Warps of the family's matrix kernels. With warpgroup products, 8 warps are two warpgroups, which split a
 # 64-row product along its columns: a 16-column one becomes two ``wgmma m64n8k8`` in tf32 (fp32 operands),
-# the shape of Triton issue #10629 (reads its shared operand past the end on an H100). Every float32 kernel
-# with such a product faulted on the H200 and H100 (benchmarks/results/2026-12-06-nvidia-h100/README.md), and
-# the static report flags the shape. A fp32 kernel whose narrowest product has 16 columns runs with
+# the shape of Triton issue #10629 (reads its shared operand past the end on an H100). The float32 kernels
+# named as faulting on the H200 and H100 had such products (benchmarks/results/2026-12-06-nvidia-h100/README.md),
+# and the static report flags the shape. A fp32 kernel whose narrowest product has 16 columns runs with
 # ``FP32_NARROW_WARPS`` there (one warpgroup: ``m64n16k8``).
 MATRIX_WARPS = 8
 FP32_NARROW_WARPS = 4
