@@ -183,16 +183,18 @@ def has_warpgroup_mma(device: torch.device) -> bool:
 # and the static report flags the shape. A fp32 kernel whose narrowest product has 16 columns runs with
 # ``FP32_NARROW_WARPS`` there (one warpgroup: ``m64n16k8``).
 MATRIX_WARPS = 8
-FP32_NARROW_WARPS = 4
+WARPS_PER_WARPGROUP = 4
+FP32_NARROW_WARPS = WARPS_PER_WARPGROUP
 # Narrowest product per warpgroup that tf32 products use without the shape above.
 WGMMA_TF32_MIN_N = 16
+# Narrowest fp32 product that MATRIX_WARPS split over their warpgroups without the shape above (32 columns).
+FP32_MATRIX_MIN_N = WGMMA_TF32_MIN_N * MATRIX_WARPS // WARPS_PER_WARPGROUP
 
 
 def matrix_warps(narrowest: int, fp32: bool, warpgroup_mma: bool) -> int:
     """Warps of a matrix kernel whose narrowest tensor-core product is ``narrowest`` columns wide, for fp32
     activations (``fp32``) or 16-bit ones, on a target with warpgroup products (``warpgroup_mma``) or not."""
-    split = narrowest // (MATRIX_WARPS // 4)  # columns per warpgroup at MATRIX_WARPS
-    return FP32_NARROW_WARPS if fp32 and warpgroup_mma and split < WGMMA_TF32_MIN_N else MATRIX_WARPS
+    return FP32_NARROW_WARPS if fp32 and warpgroup_mma and narrowest < FP32_MATRIX_MIN_N else MATRIX_WARPS
 
 
 def l2norm_in_kernels(device: torch.device) -> bool:

@@ -50,13 +50,14 @@ from lamina.kernels.delta_chunk_common import (
     DECAY_SCALAR,
     DEFAULT_CHUNK_SIZE,
     DOT_PRECISION,
+    FP32_MATRIX_MIN_N,
     FP32_NARROW_WARPS,
     GATE_SCALAR,
     MATRIX_WARPS,
     MIN_BLOCK,
     STATE_BLOCK_K,
     SUB_BLOCK_C,
-    WGMMA_TF32_MIN_N,
+    WARPS_PER_WARPGROUP,
     BetaAct,
     DecayKind,
     GateInput,
@@ -125,13 +126,13 @@ def prep_value_block(V: int, fp32: bool = False, warpgroup_mma: bool = True) -> 
 def prep_store_key_blocks(K: int, decay: int, fp32: bool = False, warpgroup_mma: bool = True) -> tuple[int, int]:
     """(BKY, NKY) of the preparation kernel's ``Y = A (E exp(G))`` loop: the key loops' blocks
     (``prep_key_blocks``), but for fp32 with warpgroup products at least two warpgroups of ``WGMMA_TF32_MIN_N``
-    columns wide (``matrix_warps``: a 16-column tf32 product at 8 warps is the shape of Triton issue #10629).
+    columns wide (``FP32_MATRIX_MIN_N``: a 16-column tf32 product at 8 warps is the shape of Triton issue #10629).
     The loop holds one [BT, BKY] tile next to the inverse, so the wider block costs few registers."""
     bk, nk = prep_key_blocks(K, decay, fp32)
     if not (fp32 and warpgroup_mma):
         return bk, nk
     k_pad = bk * nk
-    bky = min(k_pad, max(bk, WGMMA_TF32_MIN_N * MATRIX_WARPS // 4))
+    bky = min(k_pad, max(bk, FP32_MATRIX_MIN_N))
     return bky, k_pad // bky
 
 
@@ -142,7 +143,7 @@ def prep_warps(bky: int, bv: int, fp32: bool, warpgroup_mma: bool) -> int:
 
 
 # Warps the state pass's autotuner chooses from (the static report compiles the first).
-SCAN_WARPS = (MATRIX_WARPS, 4)
+SCAN_WARPS = (MATRIX_WARPS, WARPS_PER_WARPGROUP)
 
 
 class ScanTiles(NamedTuple):

@@ -182,8 +182,8 @@ def _register_fwd(K: int, dtype: str, alternatives: bool) -> None:
             register_aot(AotSpec("delta_chunk_prep_fwd", label + (_prep_label(blocks) if len(prep_archs) > 1 else ""),
                                  _delta_chunk_prep_fwd_kernel, prep_sig, {**prep_c, **dict(blocks)},
                                  num_warps=warps, num_stages=1, meta=meta))
-        alt_blocks, alt_warps = _prep_blocks(K, V, decay, fp32, TARGETS[ALTERNATIVE_ARCHS[0]])
         alt_mma = TARGETS[ALTERNATIVE_ARCHS[0]]
+        alt_blocks, alt_warps = _prep_blocks(K, V, decay, fp32, alt_mma)
         alt_rows = [(tuning.label(), {"SOLVE_BLOCK": tuning.solve_block})
                     for tuning in ALTERNATIVES if alternatives and tuning.solve_block != SOLVE_BLOCK]
         fused_suffix, fused_c = _fused_options(decay, erase)
