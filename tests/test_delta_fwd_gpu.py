@@ -14,6 +14,7 @@ from test_delta_fwd import CHUNK_CASES, RECURRENT_CASES, make_inputs
 from tolerances import assert_close
 
 import lamina
+from lamina.kernels.delta_tuning import ALTERNATIVES, delta_tuning
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -101,6 +102,38 @@ def test_large_bf16_forward_backward_and_determinism(variant):
             continue
         assert torch.equal(g1, g2), f"d{name} differs between two backward runs"
         assert_close(f"d{name}", g1, gr, dtype=torch.bfloat16)
+
+
+# every speed alternative of the chunked kernels (the sweep times them, and a faster one becomes a default), on the
+# variants it changes: channel_dots only those with a per-channel decay
+ALTERNATIVE_CASES = [(variant, tuning) for tuning in ALTERNATIVES for variant in OPS
+                     if not tuning.channel_dots or variant in ("kda", "gdn2")]
+
+
+@pytest.mark.parametrize("variant,tuning", ALTERNATIVE_CASES,
+                         ids=[f"{variant}-{tuning.label()}" for variant, tuning in ALTERNATIVE_CASES])
+def test_speed_alternatives_forward_backward(variant, tuning):
+    """Each speed alternative through the op, forward and backward inside its ``delta_tuning`` block, at bf16,
+    K = V = 128, three packed sequences (one of a single token) and two value heads per qk head: output, final
+    state and every gradient against autograd through the float64 torch path on the same inputs."""
+    xs = _cuda(make_inputs(variant, 1, 700, 2, 4, 128, 128, torch.bfloat16, varlen=[0, 300, 301, 700], h0=True))
+    gen = torch.Generator(device=DEV).manual_seed(10)
+    do = torch.randn(1, 700, 4, 128, device=DEV, generator=gen)
+    ds = torch.randn(3, 4, 128, 128, device=DEV, generator=gen)
+    results = []
+    for backend, dt in (("triton", None), ("torch", torch.float64)):
+        leaves = [None if x is None else x.detach().to(dt or x.dtype).requires_grad_() for x in xs[:7]]
+        with delta_tuning(**(tuning.choices() if backend == "triton" else {})):
+            o, s = _call(variant, False, *leaves, xs[7], backend=backend)
+            torch.autograd.backward([o, s], [do.to(o.dtype), ds.to(s.dtype)])
+        results.append((o, s, [None if x is None else x.grad for x in leaves]))
+    (o, s, got), (o64, s64, want) = results
+    assert_close("o", o, o64, dtype=torch.bfloat16)
+    assert_close("final_state", s, s64, dtype=torch.bfloat16)
+    for name, g, gr in zip(("q", "k", "v", "g", "b", "w", "initial_state"), got, want):
+        if gr is not None:
+            assert g is not None, f"d{name} missing"
+            assert_close(f"d{name}", g, gr, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("variant", list(OPS))

@@ -1,5 +1,11 @@
 """One delta-rule case on the GPU: lamina's Triton chunked path (forward and backward) against the float64
-chunked reference, RMS error ratios of the output, final state and every gradient.
+chunked reference, RMS error ratios of the output, final state and every gradient, one line per tuning.
+
+    python benchmarks/gpu_diag/check.py VARIANT DTYPE BxTxHxK [LABEL ...]
+
+checks the defaults, then each speed alternative named by its label (``lamina.kernels.delta_tuning``'s
+``ALTERNATIVES``, as the sweep's report prints them, e.g. ``solve_block=16``), in the same process and on the
+same inputs: an alternative's ratios read against the default's line above them. ``all`` names every one.
 
 The op's float32 fence (``training_path``) is lifted here: these checks are of the kernels themselves.
 Three knobs, for bisecting the float32 kernels' faults:
@@ -12,6 +18,8 @@ Three knobs, for bisecting the float32 kernels' faults:
   ``matrix_warps``.
 * ``DIAG_FWD_WARPS``: the forward kernels' autotune configs cut to those of this many warps (one config of
   1 stage when none has them, and no pruning by the blocks), the same question for the forward.
+
+Exits 1 when any check raised (after a CUDA fault, the checks after it in this process fail too).
 """
 import os
 import sys
@@ -22,7 +30,7 @@ import torch
 
 DEV = os.environ.get("DEV", "cuda")
 sys.path.insert(0, "tests")
-var, dt, shape = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split("x")]
+var, dt, shape, labels = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split("x")], sys.argv[4:]
 B, T, H, K = shape
 dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dt]
 tag = f"{var} {dt} {B}x{T}x{H}x{K}"
@@ -33,8 +41,14 @@ try:
     import lamina
     import lamina.kernels.delta_chunk_bwd as bwd
     import lamina.ops.delta_rule_core as core
+    from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, delta_tuning
     from lamina.reference import delta_rule_family_chunk_ref
 
+    known = {t.label(): t for t in ALTERNATIVES}
+    labels = list(known) if labels == ["all"] else labels
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ValueError(f"unknown alternative labels {unknown}; known: {sorted(known)}")
     core.UNTRUSTED_FP32_DEVICES = ()
     bwd.DOT_PRECISION = os.environ.get("DIAG_DOT", bwd.DOT_PRECISION)
     tag += f" (backward {bwd.DOT_PRECISION}"
@@ -67,30 +81,43 @@ try:
         return {"delta": dict(beta=b), "gdn": dict(g=g, beta=b), "kda": dict(g=g, beta=b),
                 "gdn2": dict(g=g, b=b, w=w)}[var]
 
-    lam = leaves([q, k, v, g, b, w if var == "gdn2" else None, s0])
-    o, s = F(*lam[:3], **gates(*lam[3:6]), initial_state=lam[6], output_final_state=True, backend="triton")
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    do, ds = torch.randn(o.shape, device=DEV, generator=gen), torch.randn(s.shape, device=DEV, generator=gen)
-    torch.autograd.backward([o, s], [do.to(o.dtype), ds])
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-    ref = leaves([q, k, v, g, b, w if var == "gdn2" else None, s0], torch.float64)
-    rw = ref[5] if var == "gdn2" else ref[4]
-    ro, rs = delta_rule_family_chunk_ref(ref[0], ref[1], ref[2], ref[3], ref[4], rw, None, ref[6], True, None)
-    torch.autograd.backward([ro, rs], [do.double(), ds.double()])
-
     def ratio(a, r):
         return ((a.double() - r).norm() / r.norm()).item()
 
-    errs = {"o": ratio(o, ro), "state": ratio(s, rs)}
-    for name, a, r in zip("q k v g b w s0".split(), lam, ref):
-        if a is not None and r.grad is not None:
-            errs["d" + name] = ratio(a.grad, r.grad)
-    finite = all(torch.isfinite(x).all().item() for x in [o, s] + [a.grad for a in lam if a is not None])
-    worst = max(errs.values())
-    print(f"{tag}: ok in {time.time() - t0:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} | "
-          + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
+    inputs = [q, k, v, g, b, w if var == "gdn2" else None, s0]
+    ref = leaves(inputs, torch.float64)
+    rw = ref[5] if var == "gdn2" else ref[4]
+    ro, rs = delta_rule_family_chunk_ref(ref[0], ref[1], ref[2], ref[3], ref[4], rw, None, ref[6], True, None)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    do, ds = torch.randn(ro.shape, device=DEV, generator=gen), torch.randn(rs.shape, device=DEV, generator=gen)
+    torch.autograd.backward([ro, rs], [do.double(), ds.double()])
 except Exception as exc:
     print(f"{tag}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}", flush=True)
     traceback.print_exc(limit=-4)
     sys.exit(1)
+
+failed = False
+for tuning in [DeltaTuning()] + [known[label] for label in labels]:
+    t1, line = time.time(), f"{tag} [{tuning.label()}]"
+    try:
+        lam = leaves(inputs)
+        with delta_tuning(**tuning.choices()):
+            o, s = F(*lam[:3], **gates(*lam[3:6]), initial_state=lam[6], output_final_state=True, backend="triton")
+            torch.autograd.backward([o, s], [do.to(o.dtype), ds])
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        errs = {"o": ratio(o, ro), "state": ratio(s, rs)}
+        for name, a, r in zip("q k v g b w s0".split(), lam, ref):
+            if a is not None and r.grad is not None:
+                errs["d" + name] = ratio(a.grad, r.grad)
+        finite = all(torch.isfinite(x).all().item() for x in [o, s] + [a.grad for a in lam if a is not None])
+        worst = max(errs.values())
+        print(f"{line}: ok in {time.time() - t1:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} | "
+              + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
+    except Exception as exc:
+        failed = True
+        print(f"{line}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}", flush=True)
+        traceback.print_exc(limit=-4)
+if labels:  # (a single check's last line is its verdict, which the float32 scripts read with tail)
+    print(f"{tag}: {1 + len(labels)} checks in {time.time() - t0:.0f} s", flush=True)
+sys.exit(1 if failed else 0)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the delta-rule sweep (benchmarks/sweep_delta.py), each variant timed in its own process (a
 # fault in one leaves the others' timings standing):
-# 1. at once: the four bf16 float64 checks (check.py, 2x512x4x128, forward and backward) and the warm pass
+# 1. at once: the four bf16 float64 checks (check.py, 2x512x4x128, forward and backward, the defaults and each of
+#    ALTERNATIVES: a timed alternative is also checked) and the warm pass
 #    (sweep_delta.py --warm: every case's first call, one process per variant, mode and shape), whose Triton
 #    compiles fill the disk cache on every core and whose autotuning results are kept on disk
 #    (TRITON_CACHE_AUTOTUNING=1: tuned here, with the GPU shared by these processes);
@@ -24,9 +25,10 @@ if [ "${DRY_RUN:-0}" = "1" ]; then
     DEVICE_ARGS=(--dry-run); SHAPE=1x40x1x16; SHAPES="0"; export DEV=cpu TRITON_INTERPRET=1
 fi
 case "$ALTERNATIVES" in
-    all) ALT_ARGS=() ;;
-    "") ALT_ARGS=(--no-alternatives) ;;
-    *) read -r -a ALT_LIST <<< "$ALTERNATIVES"; ALT_ARGS=(--alternatives "${ALT_LIST[@]}" --baseline-share 0.7) ;;
+    all) ALT_ARGS=(); CHECK_LABELS=(all) ;;
+    "") ALT_ARGS=(--no-alternatives); CHECK_LABELS=() ;;
+    *) read -r -a ALT_LIST <<< "$ALTERNATIVES"; ALT_ARGS=(--alternatives "${ALT_LIST[@]}" --baseline-share 0.7)
+       CHECK_LABELS=("${ALT_LIST[@]}") ;;
 esac
 t0=$(date +%s); elapsed() { echo $(( $(date +%s) - t0 )); }
 say() { echo "[sweep_call $(elapsed)s] $*"; }
@@ -42,7 +44,8 @@ say() { echo "[sweep_call $(elapsed)s] $*"; }
 cat "$OUT/env.log"
 say "checks and warm pass"
 for v in delta gdn kda gdn2; do
-    timeout "$WARM_S" "$PYTHON" benchmarks/gpu_diag/check.py "$v" bf16 "$SHAPE" > "$OUT/logs/check_$v.log" 2>&1 &
+    timeout "$WARM_S" "$PYTHON" benchmarks/gpu_diag/check.py "$v" bf16 "$SHAPE" "${CHECK_LABELS[@]}" \
+        > "$OUT/logs/check_$v.log" 2>&1 &
 done
 for op in $OPS; do
     for mode in fwd fwd+bwd; do
@@ -55,7 +58,8 @@ for op in $OPS; do
     done
 done
 wait
-for v in delta gdn kda gdn2; do tail -n 1 "$OUT/logs/check_$v.log"; done | tee "$OUT/checks.log"
+for v in delta gdn kda gdn2; do grep -h "ok in\|FAILED" "$OUT/logs/check_$v.log" || tail -n 1 "$OUT/logs/check_$v.log"
+done | tee "$OUT/checks.log"
 say "warm pass: $(grep -h "warm pass:" "$OUT"/logs/warm_*.log | wc -l) processes ended, of $(ls "$OUT"/logs/warm_*.log | wc -l)"
 for op in $OPS; do
     limit=$(( PER_OP_S + 25 ))
