@@ -6,7 +6,9 @@ four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "
 ``lamina.bench.specs`` (2x4096x16x128, 1x8192x64x128, 4x2048x16x256, bf16), forward and forward+backward:
 
 1. lamina's defaults and fla (``fla.ops``; its chunk backward may refuse Hopper under Triton 3.6, its
-   guard for fla issue #640: the record then says so and forward+backward is compared where fla runs);
+   guard for fla issue #640: the record then says so and forward+backward is compared where fla runs),
+   shape by shape, both modes of a shape before the next shape (a variant whose budget runs out keeps its
+   forward+backward ratios at the first shapes);
 2. then each alternative of ``lamina.kernels.delta_tuning.ALTERNATIVES``, in the modes and variants it
    changes, while time is left: every record names it as provider ``lamina-triton[choice]``.
 
@@ -93,7 +95,8 @@ def config(device: str, dry_run: bool, providers: list[str], modes: list[str], b
     timing = timing or (DRY_TIMING if dry_run else GPU_TIMING)
     return SuiteConfig(device=device, ops=list(ops), providers=providers, shape_set="sweep-dry" if dry_run else "sweep",
                        op_modes={op: list(modes) for op in ops}, timing=timing, time_budget_s=budget,
-                       measure_ceilings=False, shape_filter=None if shapes is None else {op: shapes for op in ops})
+                       measure_ceilings=False, shape_filter=None if shapes is None else {op: shapes for op in ops},
+                       shapes_first=True)
 
 
 def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, ...] = OPS,

@@ -167,6 +167,24 @@ def _sweep_module():
     return sweep
 
 
+def test_delta_sweep_plans_both_modes_of_a_shape_before_the_next_shape():
+    """A variant whose share of the budget runs out keeps forward+backward at its first shapes: the sweep plans
+    shape by shape (the suite's default, mode by mode, is left as it was)."""
+    from dataclasses import replace
+
+    from lamina.bench.specs import SWEEP_DELTA_SHAPES
+    from lamina.bench.suite import plan
+
+    sweep = _sweep_module()
+    cfg = sweep.config("cuda", False, ["lamina-triton", "fla"], list(sweep.MODES), 60.0, ("kda",))
+    n = len(SWEEP_DELTA_SHAPES)
+    assert n > 1
+    cases = list(dict.fromkeys((t.shape_index, t.mode) for t in plan(cfg)))
+    assert cases == [(i, mode) for i in range(n) for mode in sweep.MODES], cases
+    cases = list(dict.fromkeys((t.shape_index, t.mode) for t in plan(replace(cfg, shapes_first=False))))
+    assert cases == [(i, mode) for mode in sweep.MODES for i in range(n)], cases
+
+
 def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
     """Records whose timing was a compiling first call (written before ``first_call_ms``) are left out, a
     ratio of two timers is marked, and only ratios of one timer choose a default."""

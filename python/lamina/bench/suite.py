@@ -55,6 +55,9 @@ class SuiteConfig:
     time_budget_s: float | None = None
     measure_ceilings: bool = True
     tiny_ceilings: bool = False
+    # each shape's modes one after the other (a run cut by its time budget keeps every mode of its first
+    # shapes), instead of every shape of one mode before the next mode
+    shapes_first: bool = False
 
 
 @dataclass
@@ -100,11 +103,14 @@ def plan(cfg: SuiteConfig) -> list[Task]:
         shapes = list(enumerate(shapes_for(op, cfg.shape_set)))
         if cfg.shape_filter and op in cfg.shape_filter:
             shapes = [(i, p) for i, p in shapes if i in cfg.shape_filter[op]]
-        for mode in modes:
-            for i, params in shapes:
-                # Providers that do not implement the op at all are not planned (`lamina bench
-                # providers` lists them); every other one is recorded, run or skipped with its reason.
-                tasks.extend(Task(op, mode, params, i, prov) for prov in providers if op in PROVIDERS[prov].ops)
+        if cfg.shapes_first:
+            cases = [(mode, i, params) for i, params in shapes for mode in modes]
+        else:
+            cases = [(mode, i, params) for mode in modes for i, params in shapes]
+        for mode, i, params in cases:
+            # Providers that do not implement the op at all are not planned (`lamina bench
+            # providers` lists them); every other one is recorded, run or skipped with its reason.
+            tasks.extend(Task(op, mode, params, i, prov) for prov in providers if op in PROVIDERS[prov].ops)
     return tasks
 
 
