@@ -19,7 +19,9 @@ Three knobs, for bisecting the float32 kernels' faults:
 * ``DIAG_FWD_WARPS``: the forward kernels' autotune configs cut to those of this many warps (one config of
   1 stage when none has them, and no pruning by the blocks), the same question for the forward.
 
-Exits 1 when any check raised (after a CUDA fault, the checks after it in this process fail too).
+Each line says whether its worst ratio is within the tests' bound (``lamina.testing.RECURRENCE_RMS_RATIO``).
+Exits 1 when any check raised (after a CUDA fault, the checks after it in this process fail too), was not finite
+or was above the bound.
 """
 import os
 import sys
@@ -43,6 +45,9 @@ try:
     import lamina.ops.delta_rule_core as core
     from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, delta_tuning
     from lamina.reference import delta_rule_family_chunk_ref
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    bound = RECURRENCE_RMS_RATIO[dtype]  # the tests' bound on the RMS error ratio against float64
 
     known = {t.label(): t for t in ALTERNATIVES}
     labels = list(known) if labels == ["all"] else labels
@@ -112,7 +117,10 @@ for tuning in [DeltaTuning()] + [known[label] for label in labels]:
                 errs["d" + name] = ratio(a.grad, r.grad)
         finite = all(torch.isfinite(x).all().item() for x in [o, s] + [a.grad for a in lam if a is not None])
         worst = max(errs.values())
-        print(f"{line}: ok in {time.time() - t1:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} | "
+        right = finite and worst <= bound
+        failed |= not right
+        print(f"{line}: ok in {time.time() - t1:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} "
+              f"({'within' if right else 'WRONG: above'} the table's {bound:.0e}) | "
               + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
     except Exception as exc:
         failed = True
