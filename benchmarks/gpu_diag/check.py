@@ -119,8 +119,8 @@ for tuning in [DeltaTuning()] + [known[label] for label in labels]:
         worst = max(errs.values())
         right = finite and worst <= bound
         failed |= not right
-        print(f"{line}: ok in {time.time() - t1:.0f} s, finite={finite}, worst RMS ratio {worst:.2e} "
-              f"({'within' if right else 'WRONG: above'} the table's {bound:.0e}) | "
+        print(f"{line}: {'ok' if right else 'WRONG'} in {time.time() - t1:.0f} s, finite={finite}, worst RMS ratio "
+              f"{worst:.2e} ({'within' if right else 'above'} the table's {bound:.0e}) | "
               + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
     except Exception as exc:
         failed = True

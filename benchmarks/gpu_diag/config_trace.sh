@@ -15,7 +15,7 @@ for m in ALL W8S1; do
 done
 wait
 cd "$OUT/cases" && for f in *.log; do
-  echo "=== $f: $(grep -h 'ok in\|FAILED' "$f" | head -1)"
+  echo "=== $f: $(grep -h 'ok in\|WRONG in\|FAILED' "$f" | head -1)"
   grep -q FAILED "$f" && { grep '^\[autotune\]' "$f" | tail -n 2; grep -E 'File ".*(kernels|lamina)/' "$f" | tail -n 2; }
 done > "$OUT/summary.log"
 tar czf "$OUT/cases.tgz" -C "$OUT" cases && rm -rf "$OUT/cases"

@@ -35,4 +35,4 @@ fi
 cd "$OUT/cases" && for f in ck_*; do echo "$f: $(tail -n 1 "$f")"; done > "$OUT/checks.log"
 grep -v "Host Frame\|^=========         \|^\s*$" mc_kda_shipped.log | head -40 > "$OUT/memcheck.log"
 tar czf "$OUT/cases.tgz" -C "$OUT" cases && rm -rf "$OUT/cases"
-cat "$OUT/checks.log"; grep -h "ok in\|FAILED\|ERROR SUMMARY\|Invalid" "$OUT/memcheck.log" | head -10
+cat "$OUT/checks.log"; grep -h "ok in\|WRONG in\|FAILED\|ERROR SUMMARY\|Invalid" "$OUT/memcheck.log" | head -10

@@ -28,4 +28,4 @@ wait
 cd "$OUT/cases" && for f in ck_*; do tail -n 1 "$f"; done > "$OUT/checks.log"
 for f in mc_*; do echo "=== $f"; grep -v "Host Frame\|^=========         \|^\s*$" "$f" | head -40; done > "$OUT/memcheck.log"
 tar czf "$OUT/cases.tgz" -C "$OUT" cases && rm -rf "$OUT/cases"
-cat "$OUT/checks.log"; grep -h "ok in\|FAILED\|ERROR SUMMARY\|Invalid\|at _\|^===" "$OUT/memcheck.log" | head -40
+cat "$OUT/checks.log"; grep -h "ok in\|WRONG in\|FAILED\|ERROR SUMMARY\|Invalid\|at _\|^===" "$OUT/memcheck.log" | head -40

@@ -58,7 +58,7 @@ for op in $OPS; do
     done
 done
 wait
-for v in delta gdn kda gdn2; do grep -h "ok in\|FAILED" "$OUT/logs/check_$v.log" || tail -n 1 "$OUT/logs/check_$v.log"
+for v in delta gdn kda gdn2; do grep -h "ok in\|WRONG in\|FAILED" "$OUT/logs/check_$v.log" || tail -n 1 "$OUT/logs/check_$v.log"
 done | tee "$OUT/checks.log"
 say "warm pass: $(grep -h "warm pass:" "$OUT"/logs/warm_*.log | wc -l) processes ended, of $(ls "$OUT"/logs/warm_*.log | wc -l)"
 for op in $OPS; do
