@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_delta_fwd import CHUNK_CASES, RECURRENT_CASES, make_inputs
+from test_delta_fwd import CHUNK_CASES, RECURRENT_CASES, VARIANTS, make_inputs
 from tolerances import assert_close
 
 import lamina
+from lamina.kernels.delta_chunk_common import DecayKind
 from lamina.kernels.delta_tuning import ALTERNATIVES, delta_tuning
 
 pytestmark = pytest.mark.gpu
@@ -77,8 +78,8 @@ def test_recurrent_matrix_on_gpu(variant, B, T, H, HV, K, V, dtype, extra):
     assert_close("final_state", s, ref_s, dtype=dtype)
 
 
-def _grads(variant, leaves, do, ds, backend, **kw):
-    o, s = _call(variant, False, *leaves, None, backend=backend, **kw)
+def _grads(variant, leaves, do, ds, backend, cu=None, **kw):
+    o, s = _call(variant, False, *leaves, cu, backend=backend, **kw)
     torch.autograd.backward([o, s], [do.to(o.dtype), ds.to(s.dtype)])
     return o, s, [None if x is None else x.grad for x in leaves]
 
@@ -107,7 +108,7 @@ def test_large_bf16_forward_backward_and_determinism(variant):
 # every speed alternative of the chunked kernels (the sweep times them, and a faster one becomes a default), on the
 # variants it changes: channel_dots only those with a per-channel decay
 ALTERNATIVE_CASES = [(variant, tuning) for tuning in ALTERNATIVES for variant in OPS
-                     if not tuning.channel_dots or variant in ("kda", "gdn2")]
+                     if not tuning.channel_dots or VARIANTS[variant][0] == DecayKind.CHANNEL]
 
 
 @pytest.mark.parametrize("variant,tuning", ALTERNATIVE_CASES,
@@ -120,14 +121,10 @@ def test_speed_alternatives_forward_backward(variant, tuning):
     gen = torch.Generator(device=DEV).manual_seed(10)
     do = torch.randn(1, 700, 4, 128, device=DEV, generator=gen)
     ds = torch.randn(3, 4, 128, 128, device=DEV, generator=gen)
-    results = []
-    for backend, dt in (("triton", None), ("torch", torch.float64)):
-        leaves = [None if x is None else x.detach().to(dt or x.dtype).requires_grad_() for x in xs[:7]]
-        with delta_tuning(**(tuning.choices() if backend == "triton" else {})):
-            o, s = _call(variant, False, *leaves, xs[7], backend=backend)
-            torch.autograd.backward([o, s], [do.to(o.dtype), ds.to(s.dtype)])
-        results.append((o, s, [None if x is None else x.grad for x in leaves]))
-    (o, s, got), (o64, s64, want) = results
+    leaf = lambda dt=None: [None if x is None else x.detach().to(dt or x.dtype).requires_grad_() for x in xs[:7]]
+    with delta_tuning(**tuning.choices()):
+        o, s, got = _grads(variant, leaf(), do, ds, "triton", cu=xs[7])
+    o64, s64, want = _grads(variant, leaf(torch.float64), do, ds, "torch", cu=xs[7])
     assert_close("o", o, o64, dtype=torch.bfloat16)
     assert_close("final_state", s, s64, dtype=torch.bfloat16)
     for name, g, gr in zip(("q", "k", "v", "g", "b", "w", "initial_state"), got, want):
