@@ -15,7 +15,9 @@ four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "
 It appends every record to ``--out`` (JSON lines, the suite's format: ``lamina bench summary`` reads it)
 and prints lamina / fla per variant and mode, each alternative's time against the default per case, and
 the defaults table it would choose (an alternative whose geometric-mean time over the cases it ran is
-at least ``MIN_GAIN`` below the default's). The defaults in ``DeltaTuning`` change only from a committed
+at least ``MIN_GAIN`` below the default's; for the separate output kernel also ``output_kernel=None``, the
+choice per call by the state pass's programs, from each record's ``state_pass_programs`` and
+``multiprocessors``). The defaults in ``DeltaTuning`` change only from a committed
 GPU run's results. ``--report-from FILE.jsonl``: only print the report from saved records.
 
 ``--dry-run``: the same code on the CPU at a tiny shape, lamina's Triton kernels under the Triton
@@ -44,8 +46,11 @@ from lamina.bench.results import ResultWriter, read_results  # noqa: E402
 from lamina.bench.specs import SWEEP_DELTA_SHAPES  # noqa: E402
 from lamina.bench.suite import SuiteConfig, run_suite  # noqa: E402
 from lamina.bench.timing import TimingConfig  # noqa: E402
+from lamina.kernels._utils import multiprocessors  # noqa: E402
+from lamina.kernels.delta_chunk_common import has_warpgroup_mma  # noqa: E402
+from lamina.kernels.delta_chunk_fwd import scan_tiles, state_pass_programs  # noqa: E402
 from lamina.kernels.delta_tuning import ALTERNATIVES as TUNING_ALTERNATIVES  # noqa: E402
-from lamina.kernels.delta_tuning import DeltaTuning, delta_tuning  # noqa: E402
+from lamina.kernels.delta_tuning import DeltaTuning, active_tuning, delta_tuning  # noqa: E402
 
 OPS = ("gated_delta_rule", "kda", "gdn2", "delta_rule")
 MODES = ("fwd", "fwd+bwd")
@@ -71,12 +76,19 @@ LAMINA = "lamina-triton"
 
 class _Renamed:
     """A writer that records the current alternative as part of the provider's name (in the record itself,
-    which the suite also returns)."""
+    which the suite also returns), and with each of lamina's records the programs of its state pass and the
+    device's multiprocessors (what ``DeltaTuning(output_kernel=None)`` chooses by)."""
 
-    def __init__(self, writer: ResultWriter) -> None:
-        self.writer, self.suffix = writer, ""
+    def __init__(self, writer: ResultWriter, device: str) -> None:
+        self.writer, self.suffix, self.device = writer, "", torch.device(device)
 
     def write(self, record: dict[str, Any]) -> None:
+        if record.get("provider") == LAMINA and record.get("op") in OPS and "params" in record:
+            p = record["params"]
+            tiles = scan_tiles(p["K"], p["V"], p["dtype"] == "fp32", has_warpgroup_mma(self.device), active_tuning())
+            sequences = p["B"] if p.get("seqlens") is None else len(p["seqlens"])
+            record["state_pass_programs"] = state_pass_programs(sequences, p["HV"], p["V"], tiles)
+            record["multiprocessors"] = multiprocessors(self.device)
         if self.suffix and record.get("provider") == LAMINA:
             record["provider"] = f"{LAMINA}[{self.suffix}]"
         self.writer.write(record)
@@ -109,7 +121,7 @@ def run(device: str, dry_run: bool, out: str, budget_s: float, ops: tuple[str, .
     (``WARM_TIMING``: each case's first call only, the warm pass's); ``shapes``: indices of the shapes to run
     (default all)."""
     writer = ResultWriter(out)
-    renamed = _Renamed(writer)
+    renamed = _Renamed(writer, device)
     records: list[dict[str, Any]] = []
     start = time.monotonic()
     fla = "fla-naive-chunk" if dry_run else "fla"
@@ -150,11 +162,14 @@ def compile_timed(record: dict[str, Any]) -> bool:
     return record.get("timer") == "single call (time budget)" and "first_call_ms" not in record
 
 
-def _times(records: list[dict[str, Any]]) -> tuple[dict[tuple, dict[str, float]], dict[tuple, dict[str, str]], int]:
-    """{(op, mode, shape): {provider: ms}} of the successful timings, the timer of each, and how many records
-    were left out as ``compile_timed``."""
+def _times(records: list[dict[str, Any]]) -> tuple[dict[tuple, dict[str, float]], dict[tuple, dict[str, str]], int,
+                                                    dict[tuple, tuple[int, int | None]]]:
+    """{(op, mode, shape): {provider: ms}} of the successful timings, the timer of each, how many records were
+    left out as ``compile_timed``, and {case: (the default's state pass programs, the device's multiprocessors)}
+    where the default's record gives them."""
     times: dict[tuple, dict[str, float]] = defaultdict(dict)
     timers: dict[tuple, dict[str, str]] = defaultdict(dict)
+    waves: dict[tuple, tuple[int, int | None]] = {}
     left_out = 0
     for r in records:
         if r.get("kind") == "result" and r.get("status") == "ok" and r.get("op") in OPS:
@@ -164,7 +179,18 @@ def _times(records: list[dict[str, Any]]) -> tuple[dict[tuple, dict[str, float]]
             case = (r["op"], r["mode"], r["shape"])
             times[case][r["provider"]] = float(r["ms"])
             timers[case][r["provider"]] = str(r.get("timer"))
-    return times, timers, left_out
+            if r["provider"] == LAMINA and "state_pass_programs" in r:
+                waves[case] = (int(r["state_pass_programs"]), r.get("multiprocessors"))
+    return times, timers, left_out, waves
+
+
+# The report's candidate for DeltaTuning(output_kernel=None): the separate output kernel's timing where the state
+# pass has fewer programs than the device has multiprocessors, the default's elsewhere.
+BY_PROGRAMS = DeltaTuning(output_kernel=None)
+
+
+def _below_one_wave(wave: tuple[int, int | None] | None) -> bool:
+    return wave is not None and wave[1] is not None and wave[0] < wave[1]
 
 
 def _timer_note(timers: dict[str, str], *providers: str) -> str:
@@ -175,7 +201,7 @@ def _timer_note(timers: dict[str, str], *providers: str) -> str:
 
 def report(records: list[dict[str, Any]]) -> str:
     """lamina / fla per case; each alternative against the default; the defaults it would choose."""
-    times, timers, left_out = _times(records)
+    times, timers, left_out, waves = _times(records)
     env = next((r.get("env", {}) for r in records if r.get("kind") == "result"), {})
     lines = [f"delta-rule sweep on {env.get('device_name') or env.get('device') or '?'}, commit "
              f"{(env.get('commit') or '?')[:10]}, torch {env.get('torch')}, triton {env.get('triton')}"
@@ -192,27 +218,39 @@ def report(records: list[dict[str, Any]]) -> str:
         lines.append(f"  {op:<17} {mode:<8} {shape:<22} lamina {ours or float('nan'):8.3f} ms  "
                      f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}{note}")
     lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
-    chosen: dict[str, tuple[int, float]] = {}
+    chosen: dict[str, tuple[Any, float]] = {}
     for tuning, _, _ in ALTERNATIVES:
         label = tuning.label()
         name = f"{LAMINA}[{label}]"
         # a default is chosen only from ratios of one timer
-        logs = [math.log(t[name] / t[LAMINA]) for case, t in times.items()
-                if name in t and LAMINA in t and not _timer_note(timers[case], name, LAMINA)]
+        logs = {case: math.log(t[name] / t[LAMINA]) for case, t in times.items()
+                if name in t and LAMINA in t and not _timer_note(timers[case], name, LAMINA)}
         for case, t in sorted(times.items()):
             if name in t and LAMINA in t:
                 op, mode, shape = case
+                wave = waves.get(case) if tuning.output_kernel else None
+                sms = f"{wave[1]} multiprocessors" if wave and wave[1] else "not on CUDA"
+                programs = f"  (state pass: {wave[0]} programs, {sms})" if wave else ""
                 lines.append(f"  {label:<16} {op:<17} {mode:<8} {shape:<22} {t[name] / t[LAMINA]:.3f}"
-                             f"{_timer_note(timers[case], name, LAMINA)}")
+                             f"{_timer_note(timers[case], name, LAMINA)}{programs}")
         if not logs:
             lines.append(f"  {label:<16} not timed (or only against a default of another timer)")
             continue
-        mean = math.exp(sum(logs) / len(logs))
+        mean = math.exp(sum(logs.values()) / len(logs))
         lines.append(f"  {label:<16} geometric mean over {len(logs)} cases: {mean:.3f}")
-        if mean <= 1 - MIN_GAIN:
-            key, value = next(iter(tuning.choices().items()))
-            if key not in chosen or mean < chosen[key][1]:
-                chosen[key] = (value, mean)
+        candidates = [(tuning, mean)]
+        if tuning.output_kernel:
+            # the choice by the state pass's programs: this alternative's time below one wave, the default's above
+            below = [case for case in logs if _below_one_wave(waves.get(case))]
+            by_programs = math.exp(sum(logs[case] for case in below) / len(logs))
+            lines.append(f"  {BY_PROGRAMS.label():<16} (this one below one wave, in {len(below)} of {len(logs)} "
+                         f"cases) geometric mean: {by_programs:.3f}")
+            candidates.append((BY_PROGRAMS, by_programs))
+        for candidate, gain in candidates:
+            if gain <= 1 - MIN_GAIN:
+                key, value = next(iter(candidate.choices().items()))
+                if key not in chosen or gain < chosen[key][1]:
+                    chosen[key] = (value, gain)
     picked = {key: value for key, (value, _) in chosen.items()}
     lines.append(f"defaults it would choose: DeltaTuning({', '.join(f'{k}={v}' for k, v in picked.items())})"
                  + ("  (no alternative gains " + f"{MIN_GAIN:.0%}; the defaults stay)" if not picked else ""))

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import triton
 
 # Read once, before any kernel is decorated: ``@triton.jit`` picks the interpreter at decoration time.
@@ -37,6 +38,14 @@ def next_power_of_2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def multiprocessors(device: torch.device) -> int | None:
+    """The streaming multiprocessors of a CUDA ``device``; None for any other device (the interpreter runs a
+    grid's programs one after another)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # Grid axes y and z are limited to 65535 on CUDA (fla #1077): keep large counts on axis 0.

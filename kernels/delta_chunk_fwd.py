@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import autotune, cdiv, next_power_of_2
+from lamina.kernels._utils import autotune, cdiv, multiprocessors, next_power_of_2
 from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_NONE,
@@ -805,6 +805,22 @@ _out_fwd = autotune(_warps_stages((4, 8), (1, 2)), key=["H", "HV", "K", "V", "BT
 OUT_BLOCK_V = 64
 
 
+def state_pass_programs(sequences: int, HV: int, V: int, tiles: ScanTiles) -> int:
+    """The state pass's programs: one per sequence, value head and V block (each runs its chunks in order)."""
+    return sequences * HV * cdiv(V, tiles.bv)
+
+
+def separate_output(choice: bool | None, programs: int, device: torch.device) -> bool:
+    """Whether the forward computes its output in the separate kernel: ``DeltaTuning.output_kernel`` where it is
+    a bool; where it is None, by the state pass's ``programs``: separate when they fill less than one wave of
+    ``device`` (fewer than its multiprocessors: the sequential pass leaves some idle, and the separate kernel
+    has a program per chunk). Off CUDA (the interpreter) None keeps the output in the state pass."""
+    if choice is not None:
+        return choice
+    sms = multiprocessors(device)
+    return sms is not None and programs < sms
+
+
 def _flags(g: torch.Tensor | None, b: torch.Tensor, w: torch.Tensor) -> dict[str, int]:
     return {"DECAY": decay_kind(g), "ERASE": gate_kind(b), "WRITE": gate_kind(w)}
 
@@ -886,9 +902,10 @@ def delta_chunk_fwd(
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
             BK=BKP, NK=NKP, BKY=BKY, NKY=NKY, **common)
     tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())
+    programs = state_pass_programs(N, HV, V, tiles)
     # The output in the state pass (default), or in a parallel pass over every chunk from the states and
-    # writes the state pass saves (delta_tuning(output_kernel=True)).
-    separate = active_tuning().output_kernel
+    # writes the state pass saves (delta_tuning(output_kernel=True), or None: by the state pass's programs).
+    separate = separate_output(active_tuning().output_kernel, programs, q.device)
     o = torch.empty_like(v)
     if tiles.state_in_memory:  # the state pass updates it in place: it starts as the initial state
         ht = (initial_state.to(torch.float32, copy=True) if initial_state is not None
@@ -897,8 +914,8 @@ def delta_chunk_fwd(
         ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     h = q.new_empty(index.total, HV, K, V, dtype=torch.float32) if save_states or separate else None
     v_new = torch.empty_like(v) if output_v_new or separate else None
-    if N * HV > 0:
-        _scan_fwd[(N * HV * cdiv(V, tiles.bv),)](
+    if programs > 0:
+        _scan_fwd[(programs,)](
             q, k, gcum, wy, u, aqk, rq, rk, initial_state, o, ht, h, v_new, cu_seqlens, index.offsets, scale, T,
             index.per_sequence, L2NORM=l2norm_qk,
             DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,

@@ -9,7 +9,11 @@ tested against the float64 reference under the interpreter):
   (``kernels/delta_chunk_fwd.py``, ``_block_unit_lower_inverse``).
 * ``output_kernel``: the forward's output. False: computed inside the sequential state pass (the
   default); True: the state pass saves each chunk's start state and writes, and a separate kernel computes
-  every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them).
+  every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them);
+  None: chosen per call by the state pass's programs (one per sequence, value head and V block), the
+  separate kernel where they are fewer than the GPU's multiprocessors (``delta_chunk_fwd.separate_output``;
+  off CUDA, the state pass). The sweep times True and False, and its report picks None where True wins
+  only at the cases below one wave.
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
   >= 16; the dqk kernel's is that of its products with S0 and dH, its grams over V step by 16 columns);
   None keeps ``bwd_tiles``'s choice for the shape and target.
@@ -57,7 +61,7 @@ class DeltaTuning:
     """One choice of the kernels' speed alternatives (module docstring)."""
 
     solve_block: int = 64
-    output_kernel: bool = False
+    output_kernel: bool | None = False
     prep_bv: int | None = None
     scan_bv: int | None = None
     dqk_bv: int | None = None
@@ -69,10 +73,10 @@ class DeltaTuning:
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
-        for name in ("output_kernel", "recompute_states", "channel_dots"):
+        for name in ("recompute_states", "channel_dots"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"delta_tuning: {name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("dh_in_memory", "state_in_memory"):
+        for name in ("output_kernel", "dh_in_memory", "state_in_memory"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"delta_tuning: {name} must be None or a bool, got {value!r}")

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
 
 # Widest row kept whole in one program. Forward (16 warps, at most 128 registers a thread): 8192
 # columns compile to <= 103 registers on sm_90 without spills. Backward (32 warps, at most 64
@@ -315,7 +315,7 @@ def hrm_update_fwd(
 def _bwd_programs(n_blocks: int, num_warps: int, device: torch.device) -> int:
     if INTERPRET or device.type != "cuda":
         return max(1, min(n_blocks, INTERPRET_BWD_PROGRAMS))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
     return max(1, min(n_blocks, sms * max(1, MAX_WARPS_PER_SM // num_warps)))
 
 

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, MAX_GRID_YZ, AotSpec, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, MAX_GRID_YZ, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
     LN2_C,
@@ -99,9 +99,8 @@ def decode_tiles(head_dim: int, rows: int) -> DecodeTiles:
 
 
 def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRET_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
+    return INTERPRET_SM_COUNT if sms is None else sms
 
 
 def num_splits_heuristic(programs: int, max_seqlen_k: int, sms: int) -> int:

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
 
 # Gates after the norm (fla's names); "none" for plain RMSNorm. "silu" is accepted by the ops as
 # another name of "swish".
@@ -290,7 +290,7 @@ def rms_norm_fwd(
 def _bwd_programs(n_blocks: int, num_warps: int, device: torch.device) -> int:
     if INTERPRET or device.type != "cuda":
         return max(1, min(n_blocks, INTERPRET_BWD_PROGRAMS))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
     return max(1, min(n_blocks, sms * max(1, MAX_WARPS_PER_SM // num_warps)))
 
 

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
 
 # Tokens a program covers: fla's chunk size for this op (its ``chunk_indices`` use 64 too).
 BLOCK_T = 64
@@ -364,7 +364,7 @@ def causal_conv1d_fwd(
 def _bwd_programs(n_tiles: int, n_dblocks: int, num_warps: int, device: torch.device) -> int:
     if INTERPRET or device.type != "cuda":
         return max(1, min(n_tiles, INTERPRET_BWD_PROGRAMS))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
     resident = sms * max(1, MAX_WARPS_PER_SM // num_warps)
     return max(1, min(n_tiles, cdiv(resident, n_dblocks)))
 

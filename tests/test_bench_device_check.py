@@ -211,6 +211,31 @@ def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
     assert f"defaults it would choose: DeltaTuning({label})" in sweep.report(records)
 
 
+def test_delta_sweep_report_chooses_the_output_kernel_by_the_state_pass_programs():
+    """The separate output kernel, faster than the default where the state pass fills less than one wave and
+    slower elsewhere, becomes ``output_kernel=None`` (chosen per call by the programs), not True; faster at both
+    shapes, it becomes True."""
+    sweep = _sweep_module()
+    alt = "lamina-triton[output_kernel=True]"
+
+    def rec(shape, provider, ms, programs):
+        return {"kind": "result", "status": "ok", "op": "gdn2", "mode": "fwd", "shape": shape, "provider": provider,
+                "ms": ms, "timer": "do_bench", "state_pass_programs": programs, "multiprocessors": 132}
+
+    records = [rec("few", "lamina-triton", 1.0, 128), rec("few", alt, 0.8, 128),
+               rec("many", "lamina-triton", 1.0, 1024), rec("many", alt, 1.2, 1024)]
+    text = sweep.report(records)
+    assert "(state pass: 128 programs, 132 multiprocessors)" in text, text
+    assert "output_kernel=True geometric mean over 2 cases: 0.980" in text, text
+    assert "output_kernel=None (this one below one wave, in 1 of 2 cases) geometric mean: 0.894" in text, text
+    assert "defaults it would choose: DeltaTuning(output_kernel=None)" in text, text
+    records[3]["ms"] = 0.9
+    assert "defaults it would choose: DeltaTuning(output_kernel=True)" in sweep.report(records)
+    for r in records:  # off CUDA: no multiprocessors, no case below one wave
+        r["multiprocessors"] = None
+    assert "(this one below one wave, in 0 of 2 cases) geometric mean: 1.000" in sweep.report(records)
+
+
 def test_delta_sweep_runs_the_variants_modes_shapes_and_alternatives_asked_for(tmp_path, capsys, monkeypatch):
     """--ops, --modes, --alternatives pick what runs (--warm: each case's first call, no report); --shapes out of
     range is refused."""

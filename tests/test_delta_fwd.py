@@ -241,6 +241,41 @@ def test_separate_output_kernel(monkeypatch, variant):
     assert len(launched) == 4
 
 
+def test_output_kernel_chosen_by_the_state_pass_programs(monkeypatch):
+    """``delta_tuning(output_kernel=None)``: the separate output kernel runs exactly when the state pass has fewer
+    programs than the device has multiprocessors (counted here from the state pass's launch grid), and each
+    choice gives what the fixed choice of that kernel gives, bitwise."""
+    import lamina.kernels.delta_chunk_fwd as fwd
+    from lamina.kernels.delta_tuning import delta_tuning
+
+    grids = {"_scan_fwd": [], "_out_fwd": []}
+    for name, launched in grids.items():
+        kernel = getattr(fwd, name)
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel, launched=launched):
+                launched.append(grid)
+                return kernel[grid]
+
+        monkeypatch.setattr(fwd, name, Spy())
+    inputs = make_inputs("gdn", 2, 40, 2, 4, 32, 48, h0=True)
+    args = (*inputs[:6], 32 ** -0.5, inputs[6], True, inputs[7])
+    fused = fwd.delta_chunk_fwd(*args)
+    with delta_tuning(output_kernel=True):
+        separate = fwd.delta_chunk_fwd(*args)
+    assert len(grids["_out_fwd"]) == 1
+    (programs,) = grids["_scan_fwd"][0]
+    assert programs > 0 and programs % (2 * 4) == 0  # B x HV x value blocks
+    assert fwd.separate_output(None, programs, torch.device("cpu")) is False
+    for sms, want in ((programs, fused), (programs + 1, separate)):
+        monkeypatch.setattr(fwd, "multiprocessors", lambda device, sms=sms: sms)
+        grids["_out_fwd"].clear()
+        with delta_tuning(output_kernel=None):
+            got = fwd.delta_chunk_fwd(*args)
+        assert len(grids["_out_fwd"]) == (1 if want is separate else 0), sms
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), sms
+
+
 def spy_launches(monkeypatch, kernel_name, *names, run: bool = True):
     """Record the named launch arguments of every launch of the forward's kernel ``kernel_name`` (a
     ``kernels/delta_chunk_fwd.py`` attribute): a list of tuples, None for a name the launch does not pass.

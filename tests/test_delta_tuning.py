@@ -160,6 +160,7 @@ def test_nested_choices_and_restore():
     (dict(scan_bv=48), "scan_bv must be None or one of"),
     (dict(prep_bv=128), "prep_bv must be None or one of"),
     (dict(dh_in_memory=1), "dh_in_memory must be None or a bool"),
+    (dict(output_kernel="auto"), "output_kernel must be None or a bool"),
     (dict(recompute_states=None), "recompute_states must be a bool"),
     (dict(block=16), "unknown choices"),
 ])
