@@ -82,6 +82,37 @@ def test_planted_chunk_count_off_by_one_is_found_and_shrunk(monkeypatch, tmp_pat
     assert any("reproduce: lamina fuzz --op chunk_delta_rule" in line and "--no-grad" in line for line in lines)
 
 
+def test_cases_on_the_kernels_run_their_speed_alternatives(monkeypatch, tmp_path):
+    """Half the delta-rule cases on lamina's kernels draw one of the chunked kernels' speed alternatives (every
+    one comes up), the others none, and a case runs under its own: a defect planted in one alternative alone
+    (the first output element negated while ``solve_block=16`` is active) is found, and the shrunk case keeps
+    that alternative, since without it the case passes."""
+    from lamina.kernels.delta_tuning import ALTERNATIVES, active_tuning
+
+    drawn = [space.draw_case(op, 0, i, backend="triton") for op in space.DELTA_OPS for i in range(40)]
+    tunings = [c["tuning"] for c in drawn]
+    assert all(t is None or t in [a.choices() for a in ALTERNATIVES] for t in tunings)
+    assert 0.35 < sum(t is None for t in tunings) / len(tunings) < 0.65
+    assert [a.choices() for a in ALTERNATIVES if a.choices() not in tunings] == []
+    assert all("tuning" not in space.draw_case(op, 0, i, backend="torch") for op in space.DELTA_OPS for i in range(4))
+
+    real = lamina.chunk_delta_rule
+
+    def planted(*args, **kwargs):
+        kwargs["backend"] = "torch"  # fast: what is checked is that the case's alternative is active
+        o, ht = real(*args, **kwargs)
+        return (_negate_first_element(lambda: (o, ht))() if active_tuning().solve_block == 16 else (o, ht))
+
+    monkeypatch.setattr(lamina, "chunk_delta_rule", planted)
+    lines, log = _quiet()
+    report = fuzz.run(ops=["chunk_delta_rule"], cases=400, seed=0, backend="triton", grad=False, out=tmp_path,
+                      log=log, shrink_seconds=10, max_failures=1)
+    assert len(report.failures) == 1, "\n".join(lines)
+    failure = report.failures[0]
+    assert failure.original["tuning"] == {"solve_block": 16} == failure.shrunk["tuning"], failure
+    assert any("tuning={'solve_block': 16}" in line for line in lines if line.startswith("FAIL")), "\n".join(lines)
+
+
 def _negate_first_element(real):
     def op(*args, **kwargs):
         o, ht = real(*args, **kwargs)

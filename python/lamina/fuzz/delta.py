@@ -196,13 +196,24 @@ def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
 
 
 def check_delta(case: dict) -> None:
-    """Run the case; AssertionError on a mismatch (any other exception is a crash of the op).
+    """Run the case, under its speed alternative of the kernels where it has one (``tuning``, the choices of
+    ``lamina.kernels.delta_tuning.delta_tuning``); AssertionError on a mismatch (any other exception is a crash
+    of the op).
 
     A float32 case that misses the table's bound is compared once more with a float32 baseline: the
     oracle's own math run plainly in float32 (``lamina.testing``, ``baseline``), the chunked form for
     ``chunk_*``, the token loop for the outputs of ``fused_recurrent_*`` and the chunked form at the
     default chunk size for their gradients (their backward is the chunked one).
     """
+    if case.get("tuning"):
+        from lamina.kernels.delta_tuning import delta_tuning
+
+        with delta_tuning(**case["tuning"]):
+            return _check_delta(case)
+    return _check_delta(case)
+
+
+def _check_delta(case: dict) -> None:
     dtype, device, grad = DTYPES[case["dtype"]], case["device"], case["grad"]
     draw = Draw(case["seed"])
     masters = _masters(case, draw)

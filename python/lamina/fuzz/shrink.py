@@ -23,7 +23,7 @@ _COUNTS = ("B", "rows", "H", "HKV", "heads", "ratio", "group", "v_ratio", "kv_he
 _DIMS = ("K", "V", "D", "head_dim")
 # Options with a simpler value than the drawn one.
 _SIMPLER = {"scale": None, "lower_bound": None, "activation": None, "gate_strength": "mild", "mode": "chunk",
-            "dtype": "float32"}
+            "dtype": "float32", "tuning": None}
 
 
 def failure_kind(exc: BaseException) -> str:

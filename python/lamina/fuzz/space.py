@@ -1,7 +1,8 @@
 """The fuzzing space: which ops, which shapes and options, and how one case is drawn.
 
 A case is a plain JSON-able dict: ``op``, every shape, flag and dtype, the seed of its tensors,
-and where it runs (``device``, ``backend``, ``grad``). ``draw_case(op, run_seed, index, ...)``
+where it runs (``device``, ``backend``, ``grad``), and for a delta-rule case on lamina's kernels the
+speed alternative they run (``tuning``: None, or an alternative's choices). ``draw_case(op, run_seed, index, ...)``
 draws it from ``random.Random`` seeded by a hash of ``(run_seed, op, index)``, so two ops (or two
 indices) of one run get unrelated shapes, and the same triple always gives the same case.
 """
@@ -170,6 +171,19 @@ def _delta(op: str, rng: random.Random, lim: Limits) -> dict:
     return case
 
 
+# Share of the delta-rule cases on lamina's kernels that run one of the chunked kernels' speed alternatives
+# (``lamina.kernels.delta_tuning.ALTERNATIVES``, drawn uniformly; the token-by-token ops' backward is the
+# chunked one) instead of the defaults: the case's ``tuning``, the alternative's choices.
+TUNED_SHARE = 0.5
+
+
+def _tuning(rng: random.Random) -> dict | None:
+    # imported here: it imports triton, which a CPU run imports only once the interpreter is set
+    from lamina.kernels.delta_tuning import ALTERNATIVES
+
+    return rng.choice(ALTERNATIVES).choices() if rng.random() < TUNED_SHARE else None
+
+
 def _attention(rng: random.Random, lim: Limits) -> dict:
     hkv = rng.randint(1, lim.max_heads)
     case: dict = {"HKV": hkv, "group": rng.randint(1, lim.max_ratio),
@@ -257,6 +271,8 @@ def draw_from(op: str, rng: random.Random, *, device: str = "cpu", backend: str 
                   "backend": backend, "grad": grad}
     if op in DELTA_OPS:
         case.update(_delta(op, rng, lim))
+        if backend != "torch":
+            case["tuning"] = _tuning(rng)
     elif op == "prism_attention":
         case.update(_attention(rng, lim))
     elif op == "hrm_gated_update":
