@@ -240,12 +240,14 @@ def report(records: list[dict[str, Any]]) -> str:
         lines.append(f"  {label:<16} geometric mean over {len(logs)} cases: {mean:.3f}")
         candidates = [(tuning, mean)]
         if tuning.output_kernel:
-            # the choice by the state pass's programs: this alternative's time below one wave, the default's above
+            # the choice by the state pass's programs: this alternative's time below one wave, the default's
+            # above; first, so that it stays chosen where the separate kernel does no better than it (where no
+            # case above one wave was timed, or the separate kernel loses or ties there)
             below = [case for case in logs if _below_one_wave(waves.get(case))]
             by_programs = math.exp(sum(logs[case] for case in below) / len(logs))
             lines.append(f"  {BY_PROGRAMS.label():<16} (this one below one wave, in {len(below)} of {len(logs)} "
                          f"cases) geometric mean: {by_programs:.3f}")
-            candidates.append((BY_PROGRAMS, by_programs))
+            candidates.insert(0, (BY_PROGRAMS, by_programs))
         for candidate, gain in candidates:
             if gain <= 1 - MIN_GAIN:
                 key, value = next(iter(candidate.choices().items()))

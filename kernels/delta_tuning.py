@@ -12,8 +12,8 @@ tested against the float64 reference under the interpreter):
   every chunk's output in parallel (more programs where ``B x HV`` is small, for one more read of them);
   None: chosen per call by the state pass's programs (one per sequence, value head and V block), the
   separate kernel where they are fewer than the GPU's multiprocessors (``delta_chunk_fwd.separate_output``;
-  off CUDA, the state pass). The sweep times True and False, and its report picks None where True wins
-  only at the cases below one wave.
+  off CUDA, the state pass). The sweep times True and False, and its report picks None unless True is
+  faster still (as where True wins above one wave too).
 * ``prep_bv``, ``scan_bv``, ``dqk_bv``: the value blocks of the backward's three kernels (powers of two
   >= 16; the dqk kernel's is that of its products with S0 and dH, its grams over V step by 16 columns);
   None keeps ``bwd_tiles``'s choice for the shape and target.

@@ -214,7 +214,7 @@ def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
 def test_delta_sweep_report_chooses_the_output_kernel_by_the_state_pass_programs():
     """The separate output kernel, faster than the default where the state pass fills less than one wave and
     slower elsewhere, becomes ``output_kernel=None`` (chosen per call by the programs), not True; faster at both
-    shapes, it becomes True."""
+    shapes, it becomes True; timed below one wave only, None."""
     sweep = _sweep_module()
     alt = "lamina-triton[output_kernel=True]"
 
@@ -231,6 +231,8 @@ def test_delta_sweep_report_chooses_the_output_kernel_by_the_state_pass_programs
     assert "defaults it would choose: DeltaTuning(output_kernel=None)" in text, text
     records[3]["ms"] = 0.9
     assert "defaults it would choose: DeltaTuning(output_kernel=True)" in sweep.report(records)
+    # timed below one wave only: the choice by programs, which keeps the default where nothing was timed
+    assert "defaults it would choose: DeltaTuning(output_kernel=None)" in sweep.report(records[:2])
     for r in records:  # off CUDA: no multiprocessors, no case below one wave
         r["multiprocessors"] = None
     assert "(this one below one wave, in 0 of 2 cases) geometric mean: 1.000" in sweep.report(records)
