@@ -181,7 +181,10 @@ def _tuning(rng: random.Random) -> dict | None:
     # imported here: it imports triton, which a CPU run imports only once the interpreter is set
     from lamina.kernels.delta_tuning import ALTERNATIVES
 
-    return rng.choice(ALTERNATIVES).choices() if rng.random() < TUNED_SHARE else None
+    # the defaults at the low end of the draw, where hypothesis shrinks a failing case to
+    if rng.random() < 1 - TUNED_SHARE:
+        return None
+    return rng.choice(ALTERNATIVES).choices()
 
 
 def _attention(rng: random.Random, lim: Limits) -> dict:
