@@ -13,7 +13,8 @@ four variants (``delta_rule``, ``gated_delta_rule``, ``kda``, ``gdn2``) at the "
    changes, while time is left: every record names it as provider ``lamina-triton[choice]``.
 
 It appends every record to ``--out`` (JSON lines, the suite's format: ``lamina bench summary`` reads it)
-and prints lamina / fla per variant and mode, each alternative's time against the default per case, and
+and prints lamina / fla per variant and mode and GDN-2 / KDA per mode, each against its target
+(``FLA_TARGETS``, ``GDN2_OVER_KDA_TARGET``), each alternative's time against the default per case, and
 the defaults table it would choose (an alternative whose geometric-mean time over the cases it ran is
 at least ``MIN_GAIN`` below the default's; for the separate output kernel also ``output_kernel=None``, the
 choice per call by the state pass's programs, from each record's ``state_pass_programs`` and
@@ -63,6 +64,10 @@ ALTERNATIVES: tuple[tuple[DeltaTuning, tuple[str, ...], tuple[str, ...]], ...] =
     for t in TUNING_ALTERNATIVES)
 # An alternative becomes a default only this much faster (geometric mean of its time ratios).
 MIN_GAIN = 0.03
+# The family's speed targets (lamina's time over the other's): the forward at least 2x fla's chunked forward,
+# forward+backward at least 1.5x; GDN-2 no slower than 1.15x KDA.
+FLA_TARGETS = {"fwd": 1 / 2.0, "fwd+bwd": 1 / 1.5}
+GDN2_OVER_KDA_TARGET = 1.15
 # The defaults and fla take this share of the budget at most; the alternatives share the rest.
 BASELINE_SHARE = 0.4
 GPU_TIME_BUDGET_S = 300.0
@@ -199,6 +204,13 @@ def _timer_note(timers: dict[str, str], *providers: str) -> str:
     return "" if len(set(used)) == 1 else f"  (timers differ: {' / '.join(str(u) for u in used)})"
 
 
+def _met(ratio: float, target: float, timer_note: str) -> str:
+    """Whether a ratio meets its target; nothing where its two timings come from different timers."""
+    if timer_note:
+        return ""
+    return " (target met)" if ratio <= target else " (target missed)"
+
+
 def report(records: list[dict[str, Any]]) -> str:
     """lamina / fla per case; each alternative against the default; the defaults it would choose."""
     times, timers, left_out, waves = _times(records)
@@ -206,17 +218,32 @@ def report(records: list[dict[str, Any]]) -> str:
     lines = [f"delta-rule sweep on {env.get('device_name') or env.get('device') or '?'}, commit "
              f"{(env.get('commit') or '?')[:10]}, torch {env.get('torch')}, triton {env.get('triton')}"
              + (" (CPU: interpreter timings, a dry run, not a result)" if env.get("device") == "cpu" else ""),
-             "lamina / fla (time ratio, < 1: lamina faster):"]
+             "lamina / fla (time ratio, < 1: lamina faster; targets: forward <= "
+             f"{FLA_TARGETS['fwd']:.2f}, forward+backward <= {FLA_TARGETS['fwd+bwd']:.2f}):"]
     if left_out:
         lines.insert(1, f"({left_out} records left out: timed by their first call, which compiled)")
     for case, t in sorted(times.items()):
         op, mode, shape = case
         fla_name = "fla" if "fla" in t else "fla-naive-chunk"
         fla, ours = t.get(fla_name), t.get(LAMINA)
-        ratio = f"{ours / fla:.2f}" if ours and fla else "n/a"
         note = _timer_note(timers[case], LAMINA, fla_name) if ours and fla else ""
+        ratio = f"{ours / fla:.2f}{_met(ours / fla, FLA_TARGETS[mode], note)}" if ours and fla else "n/a"
         lines.append(f"  {op:<17} {mode:<8} {shape:<22} lamina {ours or float('nan'):8.3f} ms  "
                      f"fla {fla or float('nan'):8.3f} ms  lamina/fla {ratio}{note}")
+    lines.append(f"GDN-2 / KDA, lamina's defaults (time ratio; target <= {GDN2_OVER_KDA_TARGET:.2f}):")
+    compared = 0
+    for (op, mode, shape), t in sorted(times.items()):
+        kda_case = ("kda", mode, shape)
+        if op != "gdn2" or LAMINA not in t or LAMINA not in times.get(kda_case, {}):
+            continue
+        compared += 1
+        gdn2, kda = t[LAMINA], times[kda_case][LAMINA]
+        note = _timer_note({"gdn2": timers[(op, mode, shape)][LAMINA], "kda": timers[kda_case][LAMINA]},
+                           "gdn2", "kda")
+        lines.append(f"  {mode:<8} {shape:<22} gdn2 {gdn2:8.3f} ms  kda {kda:8.3f} ms  "
+                     f"gdn2/kda {gdn2 / kda:.2f}{_met(gdn2 / kda, GDN2_OVER_KDA_TARGET, note)}{note}")
+    if not compared:
+        lines.append("  not timed (no shape and mode with both variants' defaults)")
     lines.append("alternatives / default (time ratio, < 1: the alternative is faster):")
     chosen: dict[str, tuple[Any, float]] = {}
     for tuning, _, _ in ALTERNATIVES:

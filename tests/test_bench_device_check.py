@@ -211,6 +211,32 @@ def test_delta_sweep_report_leaves_out_compile_timings_and_mixed_timers():
     assert f"defaults it would choose: DeltaTuning({label})" in sweep.report(records)
 
 
+def test_delta_sweep_report_states_the_speed_targets():
+    """Each lamina / fla ratio says whether it meets its mode's target (forward 2x fla, forward+backward 1.5x),
+    GDN-2 / KDA whether it meets 1.15, and a ratio of two timers says neither."""
+    sweep = _sweep_module()
+
+    def rec(op, mode, provider, ms, timer="do_bench"):
+        return {"kind": "result", "status": "ok", "op": op, "mode": mode, "shape": "s", "provider": provider,
+                "ms": ms, "timer": timer}
+
+    records = [rec("kda", "fwd", "lamina-triton", 1.0), rec("kda", "fwd", "fla", 2.5),
+               rec("kda", "fwd+bwd", "lamina-triton", 4.0), rec("kda", "fwd+bwd", "fla", 5.0),
+               rec("gdn2", "fwd", "lamina-triton", 1.2), rec("gdn2", "fwd", "fla", 2.0, "single calls"),
+               rec("gdn2", "fwd+bwd", "lamina-triton", 4.4)]
+    lines = sweep.report(records).splitlines()
+
+    def line(*parts):
+        (found,) = [x for x in lines if all(p in x for p in parts)]
+        return found
+
+    assert line("kda", "fwd ", "lamina/fla").endswith("lamina/fla 0.40 (target met)")
+    assert line("kda", "fwd+bwd", "lamina/fla").endswith("lamina/fla 0.80 (target missed)")
+    assert line("gdn2", "fwd ", "lamina/fla").endswith("lamina/fla 0.60  (timers differ: do_bench / single calls)")
+    assert line("gdn2/kda", "fwd ").endswith("gdn2/kda 1.20 (target missed)")
+    assert line("gdn2/kda", "fwd+bwd").endswith("gdn2/kda 1.10 (target met)")
+
+
 def test_delta_sweep_report_chooses_the_output_kernel_by_the_state_pass_programs():
     """The separate output kernel, faster than the default where the state pass fills less than one wave and
     slower elsewhere, becomes ``output_kernel=None`` (chosen per call by the programs), not True; faster at both
