@@ -40,6 +40,21 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+FP_FUSION_ENV = "TRITON_DEFAULT_FP_FUSION"
+
+
+def fp_fusion() -> bool | None:
+    """The ``enable_fp_fusion`` that every launch of lamina's kernels and the static report's compiles pass.
+
+    True (a multiply followed by an add compiles to one fused multiply-add): Triton's default up to 3.9, which
+    lamina's tolerance tables and timings were measured with. Triton 3.9 warns that the default turns to
+    False in 3.10 unless ``TRITON_DEFAULT_FP_FUSION`` is set; asking for it explicitly keeps lamina's kernels
+    as measured on either side of that change, without the warning. None where the user set that variable:
+    their default applies (None is "not requested" to Triton). ``TRITON_FORCE_DISABLE_FP_FUSION=1`` turns
+    fusion off either way."""
+    return None if FP_FUSION_ENV in os.environ else True
+
+
 def multiprocessors(device: torch.device) -> int | None:
     """The streaming multiprocessors of a CUDA ``device``; None for any other device (the interpreter runs a
     grid's programs one after another)."""

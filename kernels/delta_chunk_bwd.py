@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from lamina._validate import check_cu_seqlens, check_shape, check_tensor
-from lamina.kernels._utils import cdiv
+from lamina.kernels._utils import cdiv, fp_fusion
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
     gated_gram,
@@ -553,7 +553,7 @@ def delta_chunk_bwd(
         q, k, v, g_in, b_in, w_in, h, do, dv_new_in, A, U_buf, dR_buf, dh_buf, rq, rk, qn, kn, cu, idx, **gate_kw,
         scale=scale, T=T, NT=nt, BK=tiles.prep_bk, BV=tiles.prep_bv, ADD_DV_NEW=dv_new is not None,
         P_PRODUCT=tiles.prep_p_product, L2NORM=l2norm_qk, **dims, **flags, num_warps=tiles.prep_warps,
-        num_stages=NUM_STAGES)
+        num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion())
 
     nv = cdiv(V, tiles.scan_bv)
     dv = torch.empty_like(v)
@@ -566,7 +566,7 @@ def delta_chunk_bwd(
         k_rows, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
         cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
-        **dims, **flags, num_warps=tiles.scan_warps, num_stages=NUM_STAGES)
+        **dims, **flags, num_warps=tiles.scan_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion())
 
     nk = cdiv(K, tiles.dqk_bk)
     dq = torch.empty_like(q)
@@ -580,7 +580,8 @@ def delta_chunk_bwd(
         q_rows, k_rows, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
         scale=scale, T=T, NT=nt, NTOK=ntok,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column,
-        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, num_warps=tiles.dqk_warps, num_stages=NUM_STAGES)
+        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, num_warps=tiles.dqk_warps, num_stages=NUM_STAGES,
+        enable_fp_fusion=fp_fusion())
 
     if l2norm_qk:
         dq, dk = _l2norm_rows_grad(dq, q, rq), _l2norm_rows_grad(dk, k, rk)

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import autotune, cdiv, multiprocessors, next_power_of_2
+from lamina.kernels._utils import autotune, cdiv, fp_fusion, multiprocessors, next_power_of_2
 from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_NONE,
@@ -900,7 +900,7 @@ def delta_chunk_fwd(
             **gate_kernel_args(gate, HV, K if flags["DECAY"] == DecayKind.CHANNEL else 1, q),
             BV=prep_value_block(V, fp32=fp32, warpgroup_mma=warpgroup_mma),
             SOLVE_BLOCK=min(active_tuning().solve_block, BT), **flags,
-            BK=BKP, NK=NKP, BKY=BKY, NKY=NKY, **common)
+            BK=BKP, NK=NKP, BKY=BKY, NKY=NKY, **common, enable_fp_fusion=fp_fusion())
     tiles = scan_tiles(K, V, fp32, has_warpgroup_mma(q.device), active_tuning())
     programs = state_pass_programs(N, HV, V, tiles)
     # The output in the state pass (default), or in a parallel pass over every chunk from the states and
@@ -921,13 +921,14 @@ def delta_chunk_fwd(
             DECAY=flags["DECAY"], USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state, SAVE_STATES=save_states or separate,
             STORE_V_NEW=output_v_new or separate, STORE_O=not separate,
-            BK=tiles.bk, NK=tiles.nk, BV=tiles.bv, STATE_IN_MEMORY=tiles.state_in_memory, **common)
+            BK=tiles.bk, NK=tiles.nk, BV=tiles.bv, STATE_IN_MEMORY=tiles.state_in_memory, **common,
+            enable_fp_fusion=fp_fusion())
     if separate and index.total > 0:
         bv_out = min(OUT_BLOCK_V, max(next_power_of_2(V), MIN_BLOCK))
         bk_out, nk_out = memory_key_blocks(K, fp32)
         _out_fwd[(index.total * HV, cdiv(V, bv_out))](
             q, gcum, h, v_new, aqk, o, rq, cu_seqlens, index.indices, scale, T, index.per_sequence, BV=bv_out,
             L2NORM=l2norm_qk,
-            DECAY=flags["DECAY"], BK=bk_out, NK=nk_out, **common)
+            DECAY=flags["DECAY"], BK=bk_out, NK=nk_out, **common, enable_fp_fusion=fp_fusion())
     return (o, (ht if output_final_state else None), (h if save_states else None), (v_new if output_v_new else None),
             solve)

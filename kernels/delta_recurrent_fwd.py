@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import AotSpec, autotune, cdiv, next_power_of_2, register_aot
+from lamina.kernels._utils import AotSpec, autotune, cdiv, fp_fusion, next_power_of_2, register_aot
 from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
     DECAY_SCALAR,
@@ -209,7 +209,8 @@ def delta_recurrent_fwd(
             q, k, v, g, b, w, initial_state, o, ht, cu_seqlens, scale, T,
             None, None, None, None, 0.0, N, HV * K * V, 1, 1,
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, **_flags(g, b, w), IS_VARLEN=cu_seqlens is not None,
-            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state, L2NORM=l2norm)
+            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state, L2NORM=l2norm,
+            enable_fp_fusion=fp_fusion())
     return o, ht
 
 
@@ -256,7 +257,7 @@ def delta_decode_step(q, k, v, g, b, w, A_log, dt_bias, state, state_indices, nu
         GATE_ACT=gate_act if g is not None else 0, HAS_A=A_log is not None, HAS_DT=dt_bias is not None,
         BETA_ACT=beta_act, L2NORM=l2norm, V_FIRST=state_v_first, POOL=pool,
         SPEC=num_accepted_tokens is not None, PER_TOKEN=inplace and pool and n_idx > 1, INPLACE=inplace,
-        num_warps=num_warps, num_stages=1)
+        num_warps=num_warps, num_stages=1, enable_fp_fusion=fp_fusion())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, fp_fusion, multiprocessors, next_power_of_2, register_aot
 
 # Widest row kept whole in one program. Forward (16 warps, at most 128 registers a thread): 8192
 # columns compile to <= 103 registers on sm_90 without spills. Backward (32 warps, at most 64
@@ -278,7 +278,8 @@ def _column_sum(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[P, D] -> [D] in ``dtype``."""
     p, d = part.shape
     out = torch.empty(d, device=part.device, dtype=dtype)
-    _column_sum_kernel[(cdiv(d, REDUCE_BLOCK_D),)](part, out, p, d, BLOCK_P=REDUCE_BLOCK_P, BLOCK_D=REDUCE_BLOCK_D)
+    _column_sum_kernel[(cdiv(d, REDUCE_BLOCK_D),)](part, out, p, d, BLOCK_P=REDUCE_BLOCK_P, BLOCK_D=REDUCE_BLOCK_D,
+                                                   enable_fp_fusion=fp_fusion())
     return out
 
 
@@ -307,7 +308,7 @@ def hrm_update_fwd(
         h, c, gate, bias, weight, y, rstd, n, d, eps,
         GATE_PER_CHANNEL=gate.shape[1] == d,
         HAS_BIAS=bias is not None, HAS_NORM=weight is not None, COMPUTE=_tl_compute(h.dtype),
-        BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=d <= block_d, num_warps=num_warps,
+        BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=d <= block_d, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
     )
     return rstd
 
@@ -354,7 +355,7 @@ def hrm_update_bwd(
             h, c, gate, bias, weight, rstd, dy, dh, dc, dg, dw_part, db_part, n, d, n_blocks,
             GATE_PER_CHANNEL=per_channel, HAS_BIAS=bias is not None, HAS_NORM=weight is not None,
             COMPUTE=_tl_compute(h.dtype), BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=single_tile,
-            num_warps=num_warps,
+            num_warps=num_warps, enable_fp_fusion=fp_fusion(),
         )
     elif dw_part is not None or db_part is not None:
         dw_part = dw_part.zero_() if dw_part is not None else None

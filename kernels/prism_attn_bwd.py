@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, raw_jit, register_aot
+from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, fp_fusion, raw_jit, register_aot
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
     AOT_OPTIONS,
@@ -387,7 +387,7 @@ def prism_attn_bwd(
     _prism_attn_bwd_preprocess_kernel[(cdiv(max_q, PREPROCESS_BLOCK_M), n_seq, num_heads)](
         o, do, delta, cu_seqlens_q, *_strides3(o), *_strides3(do), lse.stride(0), lse.stride(1),
         seqlen_q, num_heads, HEAD_DIM=head_dim, BLOCK_DC=block_dc, IS_VARLEN=is_varlen,
-        BLOCK_M=PREPROCESS_BLOCK_M, num_warps=PREPROCESS_WARPS,
+        BLOCK_M=PREPROCESS_BLOCK_M, num_warps=PREPROCESS_WARPS, enable_fp_fusion=fp_fusion(),
     )
     if dlse is not None:
         delta = delta - torch.where(torch.isinf(lse), torch.zeros_like(lse), dlse.float())
@@ -403,13 +403,13 @@ def prism_attn_bwd(
         _dkdv_tuned[lambda meta: (cdiv(max_k, meta["BLOCK_N"]), n_seq, num_kv_heads)](
             q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, *common,
             seqlen_q, seqlen_k, num_kv_heads, group, scale * LOG2E, scale, *window,
-            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
+            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags, enable_fp_fusion=fp_fusion(),
         )
     for out_offset, block_do in output_pieces(head_dim):
         _dq_tuned[lambda meta: (cdiv(max_q, meta["BLOCK_M"]), n_seq, num_heads)](
             q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, *common,
             seqlen_q, seqlen_k, num_heads, group, scale * LOG2E, scale, *window,
-            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags,
+            BLOCK_DO=block_do, OUT_OFFSET=out_offset, **flags, enable_fp_fusion=fp_fusion(),
         )
     return dq, dk, dv
 

@@ -36,7 +36,16 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, MAX_GRID_YZ, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
+from lamina.kernels._utils import (
+    INTERPRET,
+    MAX_GRID_YZ,
+    AotSpec,
+    cdiv,
+    fp_fusion,
+    multiprocessors,
+    next_power_of_2,
+    register_aot,
+)
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
     LN2_C,
@@ -345,6 +354,7 @@ def prism_kv_append(
         *_strides3(k), *_strides3(v), *_strides3(k_cache), *_strides3(v_cache), stride_tb,
         seqlen_new, capacity, page_size, num_blocks,
         HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim), BLOCK_T=block_t, PAGED=block_table is not None,
+        enable_fp_fusion=fp_fusion(),
     )
 
 
@@ -400,12 +410,14 @@ def prism_attn_decode(
         HEAD_DIM=head_dim, BLOCK_D0=pieces[0][1], BLOCK_D1=pieces[1][1] if len(pieces) > 1 else 0,
         CAUSAL=bool(causal), PAGED=block_table is not None, DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        enable_fp_fusion=fp_fusion(),
     )
     if num_splits > 1:
         _prism_attn_decode_combine_kernel[(batch * seqlen_q * num_heads,)](
             o_dst, lse_dst, o, lse, *_strides3(o), lse.stride(0), lse.stride(1),
             seqlen_q, num_heads, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim), BLOCK_S=next_power_of_2(num_splits),
+            enable_fp_fusion=fp_fusion(),
         )
     return o, lse
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, raw_jit, register_aot
+from lamina.kernels._utils import MAX_GRID_YZ, AotSpec, autotune, cdiv, fp_fusion, raw_jit, register_aot
 from lamina.kernels.prism_attn_common import (
     AOT_HEAD_DIMS,
     AOT_OPTIONS,
@@ -236,7 +236,7 @@ def prism_attn_fwd(
             seqlen_q, seqlen_k, num_heads, num_heads // num_kv_heads, scale * LOG2E, *window,
             HEAD_DIM=head_dim, BLOCK_DC=block_dc, BLOCK_DO=block_do, OUT_OFFSET=out_offset,
             CAUSAL=bool(causal), IS_VARLEN=is_varlen, WRITE_LSE=out_offset == 0,
-            DOT_PRECISION=dot_precision(q.dtype), **window_flags,
+            DOT_PRECISION=dot_precision(q.dtype), **window_flags, enable_fp_fusion=fp_fusion(),
         )
     return o, lse
 

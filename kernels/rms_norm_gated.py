@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, fp_fusion, multiprocessors, next_power_of_2, register_aot
 
 # Gates after the norm (fla's names); "none" for plain RMSNorm. "silu" is accepted by the ops as
 # another name of "swish".
@@ -282,7 +282,7 @@ def rms_norm_fwd(
             x, residual, g, weight, bias, y, res_out, rstd, n, d, eps,
             GATE=gate, HAS_RES=residual is not None, STORE_RES=res_out is not None, HAS_W=weight is not None,
             HAS_B=bias is not None, BLOCK_D=block_d, ROWS=rows, SINGLE_TILE=d <= block_d, NORM=norm,
-            num_warps=num_warps,
+            num_warps=num_warps, enable_fp_fusion=fp_fusion(),
         )
     return y, rstd, res_out
 
@@ -324,7 +324,7 @@ def rms_norm_bwd(
             x, residual, g, weight, bias, rstd, dy, dresidual_out, dx, dres, dg, dw_part, db_part, n, d, n_blocks,
             GATE=gate, HAS_RES=residual is not None, HAS_DRES_OUT=dresidual_out is not None,
             HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_D=block_d, ROWS=rows,
-            SINGLE_TILE=d <= block_d, NORM=norm, num_warps=num_warps,
+            SINGLE_TILE=d <= block_d, NORM=norm, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
         )
     # second stage of the reductions: the partial rows summed in a fixed order
     dweight = dw_part.sum(0).to(weight.dtype) if weight is not None else None

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, multiprocessors, next_power_of_2, register_aot
+from lamina.kernels._utils import INTERPRET, AotSpec, cdiv, fp_fusion, multiprocessors, next_power_of_2, register_aot
 
 # Tokens a program covers: fla's chunk size for this op (its ``chunk_indices`` use 64 too).
 BLOCK_T = 64
@@ -321,7 +321,7 @@ def _launch_fwd(x, weight, bias, residual, initial_state, dy, out, silu, cu_seql
         T, D, stride_xb, stride_xt, n_t_tiles,
         W=weight.shape[1], BLOCK_T=block_t, BLOCK_D=block_d, SILU=silu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, HAS_STATE=initial_state is not None, IS_VARLEN=cu_seqlens is not None,
-        DPRE=dy is not None, num_warps=num_warps,
+        DPRE=dy is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
     )
 
 
@@ -356,7 +356,7 @@ def causal_conv1d_fwd(
             _causal_conv1d_final_state_kernel[(N, cdiv(D, block_d))](
                 x, initial_state, final_state, cu_seqlens, T, D, stride_xb, stride_xt,
                 W=W, BW=next_power_of_2(W), BLOCK_D=block_d, HAS_STATE=initial_state is not None,
-                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
+                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
             )
     return y, final_state
 
@@ -409,7 +409,7 @@ def causal_conv1d_bwd(
             T, D, stride_xb, stride_xt, n_t_tiles, n_tiles,
             W=W, BW=next_power_of_2(W), BLOCK_T=block_t, BLOCK_D=block_d, HAS_BIAS=bias is not None,
             HAS_STATE=initial_state is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
-            num_warps=num_warps,
+            num_warps=num_warps, enable_fp_fusion=fp_fusion(),
         )
     dinitial_state = None
     if initial_state is not None:
@@ -418,7 +418,7 @@ def causal_conv1d_bwd(
             _causal_conv1d_bwd_state_kernel[(N, n_dblocks)](
                 dpre, weight, dht, dinitial_state, cu_seqlens, T, D,
                 W=W, BW=next_power_of_2(W), BLOCK_D=block_d, HAS_DHT=dht is not None,
-                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
+                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
             )
     # second stage of the reductions: the partial rows summed in a fixed order
     dweight = dw_part.sum(0).to(weight.dtype)
@@ -443,7 +443,7 @@ def causal_conv1d_step(
         _causal_conv1d_step_kernel[(N, cdiv(D, STEP_BLOCK_D))](
             x, cache, weight, bias, residual, y, D, x.stride(0),
             W=W, BW=next_power_of_2(W), BLOCK_D=STEP_BLOCK_D, SILU=silu, HAS_BIAS=bias is not None,
-            HAS_RES=residual is not None, num_warps=STEP_NUM_WARPS,
+            HAS_RES=residual is not None, num_warps=STEP_NUM_WARPS, enable_fp_fusion=fp_fusion(),
         )
     return y
 

@@ -101,6 +101,36 @@ SHARDS = 8
 
 
 @pytest.mark.versions
+@pytest.mark.parametrize("user_default", [None, "0", "1"])
+def test_the_report_compiles_with_fp_fusion_on_unless_the_user_sets_triton_default(user_default):
+    """The static report compiles as lamina's launches run (``kernels/_utils.fp_fusion``): a multiply and an
+    add fuse into one FMA with TRITON_DEFAULT_FP_FUSION unset (Triton 3.10's default would not), without
+    Triton 3.9's warning about the unset variable; where the user sets it, their choice applies."""
+    code = textwrap.dedent("""
+        import json, triton
+        from lamina.info import compile_spec
+        import aot_demo_kernels as d
+        ptx = []
+        compile = triton.compile
+        def spy(src, target=None, options=None):
+            compiled = compile(src, target=target, options=options)
+            ptx.append(compiled.asm["ptx"])
+            return compiled
+        triton.compile = spy
+        row = compile_spec(d.AXPY, 90)
+        print(json.dumps([row.error, "fma.rn.f32" in ptx[0], "mul.rn.f32" in ptx[0]]))
+    """)
+    env = {} if user_default is None else {"TRITON_DEFAULT_FP_FUSION": user_default}
+    proc = _run(["-W", "always", "-c", code], **env)
+    assert proc.returncode == 0, proc.stderr
+    error, fma, mul = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert error == "", error
+    fused = user_default != "0"
+    assert (fma, mul) == (fused, not fused), proc.stdout
+    assert "TRITON_DEFAULT_FP_FUSION" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.versions
 @pytest.mark.parametrize("shard", range(1, SHARDS + 1))
 def test_kernel_configs_compile_without_spills(shard):
     """Every configuration compiled (the defaults; the alternatives too where asked for) has no problem: no
@@ -119,6 +149,8 @@ def test_kernel_configs_compile_without_spills(shard):
     assert {r["arch"] for r in rows} <= {int(a) for a in ARCHS.split(",")}
     assert ALTERNATIVES or all(r["default"] for r in rows)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # every compile asks for FP fusion as the launches do (kernels/_utils.fp_fusion): no warning about its default
+    assert os.environ.get("TRITON_DEFAULT_FP_FUSION") or "TRITON_DEFAULT_FP_FUSION" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.versions

@@ -167,7 +167,7 @@ def compile_spec(spec, arch: int) -> KernelReport:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from lamina.kernels._utils import raw_jit
+    from lamina.kernels._utils import fp_fusion, raw_jit
 
     report = KernelReport(spec.name, spec.config, arch, spec.default, spec.uses_dot)
     started = time.perf_counter()
@@ -181,7 +181,7 @@ def compile_spec(spec, arch: int) -> KernelReport:
             compiled = triton.compile(
                 src,
                 target=GPUTarget("cuda", arch, WARP_SIZE),
-                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages, "enable_fp_fusion": fp_fusion()},
             )
         report.shared_bytes = int(compiled.metadata.shared)
         report.wgmma = wgmma_shapes(compiled.asm["ptx"])

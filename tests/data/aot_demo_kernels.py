@@ -27,3 +27,14 @@ TF32_N8 = AotSpec("demo_mm", "64x16x32 fp32 w8", _demo_mm_kernel, F32_SIGNATURE,
                   num_warps=8)
 TF32_N16 = AotSpec("demo_mm", "64x16x32 fp32 w4", _demo_mm_kernel, F32_SIGNATURE, {"M": 64, "N": 16, "K": 32},
                    num_warps=4)
+
+
+@triton.jit
+def _demo_axpy_kernel(a, x, y, N: tl.constexpr):
+    # a multiply and an add: one fma.rn.f32 per element in the PTX where FP fusion is on, mul and add where off
+    o = tl.arange(0, N)
+    tl.store(y + o, tl.load(a) * tl.load(x + o) + tl.load(y + o))
+
+
+AXPY = AotSpec("demo_axpy", "128 fp32", _demo_axpy_kernel, {"a": "*fp32", "x": "*fp32", "y": "*fp32", "N": "constexpr"},
+               {"N": 128}, uses_dot=False)
