@@ -50,8 +50,8 @@ def fp_fusion() -> bool | None:
     lamina's tolerance tables and timings were measured with. Triton 3.9 warns that the default turns to
     False in 3.10 unless ``TRITON_DEFAULT_FP_FUSION`` is set; asking for it explicitly keeps lamina's kernels
     as measured on either side of that change, without the warning. None where the user set that variable:
-    their default applies (None is "not requested" to Triton). ``TRITON_FORCE_DISABLE_FP_FUSION=1`` turns
-    fusion off either way."""
+    their default applies (None is "not requested" to Triton). Triton 3.9's ``TRITON_FORCE_DISABLE_FP_FUSION=1``
+    (3.6 has none) turns fusion off either way."""
     return None if FP_FUSION_ENV in os.environ else True
 
 
