@@ -147,6 +147,14 @@ def test_environment_records_allocator_settings(monkeypatch):
     assert "LD_PRELOAD" not in env["allocator_env"]
 
 
+def test_environment_records_the_triton_settings_that_change_the_kernels(monkeypatch):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    env = environment("cpu")
+    assert env["triton_env"].get("TRITON_DEFAULT_FP_FUSION") == "0"
+    assert "TRITON_F32_DEFAULT" not in env["triton_env"]
+
+
 def test_default_results_path_is_outside_the_checkout(monkeypatch, tmp_path):
     monkeypatch.delenv("LAMINA_RESULTS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

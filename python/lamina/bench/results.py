@@ -74,6 +74,10 @@ def device_slug(device: str) -> str:
 # Environment variables that change how the process allocates host memory: on glibc, freed heap memory
 # returned to the OS is faulted back in on the next call, which can double a CPU timing (``benchmarks/README.md``).
 ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "LD_PRELOAD")
+# Environment variables that change what Triton compiles: FP fusion (lamina's launches ask for it unless the first
+# is set: ``kernels/_utils.fp_fusion``), the float32 products' precision, and ptxas's options.
+TRITON_ENV = ("TRITON_DEFAULT_FP_FUSION", "TRITON_FORCE_DISABLE_FP_FUSION", "TRITON_F32_DEFAULT", "PTXAS_OPTIONS",
+              "DISABLE_PTXAS_OPT")
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -87,6 +91,7 @@ def environment(device: str) -> dict[str, Any]:
         "cpu_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "allocator_env": {name: os.environ[name] for name in ALLOCATOR_ENV if name in os.environ},
+        "triton_env": {name: os.environ[name] for name in TRITON_ENV if name in os.environ},
         "commit": _git(root, "rev-parse", "HEAD"),
         "dirty": bool(status) if root is not None else None,
         "lamina": _version("lamina"),
