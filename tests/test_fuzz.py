@@ -322,11 +322,12 @@ def test_shared_query_key_gradients_off_by_three_bounds_are_found(monkeypatch, o
 
 @pytest.mark.parametrize("state_v_first", [False, True])
 def test_value_channel_terms_sum_to_each_gradient(state_v_first):
-    """``_value_channel_scales`` splits the loss by value channel, output and final state alike: for a
+    """``value_channel_term_sizes`` splits the loss by value channel, output and final state alike: for a
     value-side input every element is one channel's, so its scale is its gradient's own RMS; for q (one
     value head) the terms' root-sum-squares are at least the gradient's size."""
     from lamina.fuzz.common import Draw, as_ref, backward
-    from lamina.fuzz.delta import _masters, _oracle, _value_channel_scales
+    from lamina.fuzz.delta import _masters, _oracle, value_channel_term_sizes
+    from lamina.testing import reduction_scale
 
     case = space.draw_case("chunk_kda", 7, 0, backend="torch")
     case.update(H=1, ratio=1, B=1, T=5, lens=None, grad=True, initial_state=True, output_final_state=True,
@@ -336,10 +337,46 @@ def test_value_channel_terms_sum_to_each_gradient(state_v_first):
     o, ht = _oracle(case, refs, None)
     cotangents = [draw.cotangent(o.shape, torch.float64), draw.cotangent(ht.shape, torch.float64)]
     backward([o, ht], cotangents)
-    scales = _value_channel_scales(case, refs, None, cotangents)
+    sizes = value_channel_term_sizes(case, refs, None, cotangents)
+    scales = {n: reduction_scale(size, size.shape, rms=True) for n, size in sizes.items()}
     for name in ("v", "initial_state"):
         assert scales[name] == pytest.approx(refs[name].grad.pow(2).mean().sqrt().item(), rel=1e-12)
     assert scales["q"] >= refs["q"].grad.pow(2).mean().sqrt().item() * (1 - 1e-12)
+
+
+def test_key_channel_terms_of_one_token_with_orthogonal_rows():
+    """``key_channel_term_sizes`` splits ``<o, do>`` by q's key channels: at one token without an initial
+    state ``dv = beta scale (q . k) do``, 0 for q orthogonal to k, and its size is ``|beta scale do|`` times
+    the root-sum-square of the terms ``q_c k_c`` (one channel a block at K = 16); the final state's term,
+    which does not depend on q, is ``beta k . dht`` per value channel."""
+    from lamina.fuzz.common import Draw, as_ref
+    from lamina.fuzz.delta import _masters, _oracle, key_channel_term_sizes
+
+    case = space.draw_case("chunk_delta_rule", 7, 0, backend="torch")
+    case.update(H=1, ratio=1, B=1, T=1, lens=None, grad=True, initial_state=False, output_final_state=False,
+                l2norm=False, beta=True, beta_sigmoid=False, allow_neg_eigval=False, dtype="float32", K=16, V=8)
+    draw = Draw(case["seed"])
+    refs = {n: None if m is None else as_ref(m, True) for n, m in _masters(case, draw).items()}
+    q = torch.zeros(1, 1, 1, 16, dtype=torch.float64)
+    k = torch.zeros_like(q)
+    q[..., :5] = torch.tensor([1.0, 2.0, -3.0, 0.5, 1.0])
+    k[..., :5] = torch.tensor([2.0, 1.0, 1.0, 0.0, -1.0])  # q . k = 2 + 2 - 3 + 0 - 1 = 0
+    refs["q"], refs["k"] = as_ref(q, True), as_ref(k, True)
+    o, _ = _oracle(case, refs, None)
+    do = Draw(1).cotangent(o.shape, torch.float64)
+    o.backward(do)
+    assert refs["v"].grad.abs().max().item() < 1e-15  # dv = 0 in exact math
+    sizes = key_channel_term_sizes(case, refs, None, [do, None])
+    beta = refs["beta"].detach()[..., None]
+    terms = (q * k).pow(2).sum().sqrt()
+    expected = (beta * case["scale"] * do).abs() * terms
+    torch.testing.assert_close(sizes["v"], expected, rtol=1e-12, atol=0)
+
+    case["output_final_state"] = True
+    dht = Draw(2).cotangent((1, 1, 16, 8), torch.float64)
+    with_state = key_channel_term_sizes(case, refs, None, [do, dht])
+    state_term = (beta * (k[..., :, None] * dht[:, None, 0]).sum(-2)).abs()
+    torch.testing.assert_close(with_state["v"], (expected.pow(2) + state_term.pow(2)).sqrt(), rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("op", ["fused_recurrent_kda", "chunk_gdn2"])

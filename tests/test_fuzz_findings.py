@@ -86,6 +86,13 @@ FIXED = {
     # their op's input-gradient terms per value channel carried through the layer too.
     "GatedDeltaNet-fp32-one-token-cancelling-db_proj.json": "reduction_scale floor for layer parameters over "
                                                             "value channels",
+    # float32, one token (the interpreted kernels): dv is w scale (q . k) beta do, and q . k (after the l2norm)
+    # was 9.6e-4 against a root-sum-square of 0.26 for its terms q_c k_c. dv_proj.weight was off by 4.5e-5 of
+    # itself against 3.5e-5 (the plain float32 layer was closer by more than 2.6x): 1.6e-7 of its terms carried
+    # through the layer, a rounding of q and k as the layer forms them in float32. Every gradient is compared at
+    # its terms per key channel of q too, as the output is.
+    "GatedDeltaNet2-fp32-one-token-cancelling-dv_proj.json": "reduction_scale floor for gradients over key "
+                                                             "channels",
     # 16-bit, one token: q.k cancels, and a rounding of q before the product was the error. The token-by-token
     # forward took q and k normalised and rounded to 16 bits (o RMS error ratio 0.028 bf16, 0.0033 fp16); it
     # now normalises them in float32 in its kernel. The chunked forward rounded q times the scale (0.072); the

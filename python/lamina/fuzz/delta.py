@@ -6,8 +6,8 @@ itself, in float64, to the same rounded inputs the op gets, then calls
 every differentiable input (q, k, v, g, gk, beta, b, w, initial_state, A_log, dt_bias) are
 compared with ``lamina.testing.assert_close`` (recurrence rows of the table; ``A_log``, ``dt_bias`` and
 ``beta``, which sum a term per gate element or per channel, relative to the root-sum-square of their terms;
-every gradient also relative to its terms per value channel, ``_parameter_scales``, and the output to its
-terms per key channel, ``output_term_sizes``).
+every gradient also relative to its terms per value channel and per key channel of q, ``_parameter_scales``,
+and the output to its terms per key channel, ``output_term_sizes``).
 """
 
 from __future__ import annotations
@@ -265,9 +265,9 @@ def _parameter_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangent
       at the RMS over their elements (``rms=True``): two heads' terms can cancel (16-bit, T = 1).
 
     The terms are the float64 gradients of the same values broadcast to those shapes, through the
-    oracle once more. Every gradient is also compared at its terms per value channel
-    (``_value_channel_scales``), where that is larger."""
-    scales = _value_channel_scales(case, refs, cu, cotangents)
+    oracle once more. Every gradient is also compared at its terms per value channel and per key channel of q
+    (``_term_scales``), where that is larger."""
+    scales = _term_scales(case, refs, cu, cotangents)
     names = [n for n in ("A_log", "dt_bias") if refs[n] is not None and refs[n].requires_grad]
     beta = refs["beta"]
     per_token = beta is not None and beta.requires_grad
@@ -330,11 +330,52 @@ def output_term_sizes(case: dict, r: dict, cu: torch.Tensor | None) -> torch.Ten
     return squares.sqrt()
 
 
-def _value_channel_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
-    """Every input's gradient at the RMS of its terms' root-sum-squares over the value channels
-    (``value_channel_term_sizes``; ``reduction_scale(rms=True)``'s measure)."""
-    sizes = value_channel_term_sizes(case, refs, cu, cotangents)
+def _term_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list) -> dict[str, float]:
+    """Every input's gradient at the RMS of its terms' root-sum-squares (``gradient_term_sizes``;
+    ``reduction_scale(rms=True)``'s measure)."""
+    sizes = gradient_term_sizes(case, refs, cu, cotangents)
     return {n: reduction_scale(size, size.shape, rms=True) for n, size in sizes.items()}
+
+
+def gradient_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
+                        ) -> dict[str, torch.Tensor]:
+    """Every input's gradient at the size of its terms, element by element: the larger of its terms per value
+    channel (``value_channel_term_sizes``) and per key channel of q (``key_channel_term_sizes``)."""
+    sizes = value_channel_term_sizes(case, refs, cu, cotangents)
+    for n, size in key_channel_term_sizes(case, refs, cu, cotangents).items():
+        sizes[n] = torch.maximum(sizes[n], size) if n in sizes else size
+    return sizes
+
+
+def key_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
+                           ) -> dict[str, torch.Tensor]:
+    """Every input's gradient as a sum of one term per key channel ``c`` of q (as the kernels read it, after
+    the l2norm), and one for the final state: the output is linear in q, so ``<o, do>`` is the sum over the
+    channels of ``<o, do>`` with q masked to each (in blocks, ``_channel_blocks``), and ``<ht, dht>`` does
+    not depend on q. Every gradient that passes through ``P = scale q k^T`` sums its key channels there: at
+    one token ``dv = w scale (q . k) beta do``, and where ``q . k`` cancels, the gradient's error is the
+    rounding of its terms (and of q's and k's, which a layer forms in the activations' precision), not of
+    itself. Here the terms' root-sum-square at each element, float64, in the input's shape; one backward of
+    the oracle per block."""
+    r = {n: None if t is None else t.detach().requires_grad_(t.requires_grad) for n, t in refs.items()}
+    leaves = {n: t for n, t in r.items() if t is not None and t.requires_grad}
+    q, k = read_rows(case, r)
+    plain = {**case, "l2norm": False}
+    squares: dict[str, torch.Tensor] = {}
+
+    def add(grads) -> None:
+        for n, g in zip(leaves, grads):
+            if g is not None:
+                squares[n] = squares.get(n, 0.0) + g.pow(2)
+
+    state = case["output_final_state"] and cotangents[1] is not None
+    for i, block in enumerate(_channel_blocks(q.shape[-1])):
+        o, ht = _oracle(plain, r | {"q": q * block, "k": k}, cu)
+        # the final state's term once (the first block's forward has it as every block's has)
+        for out, c in [(o, cotangents[0])] + ([(ht, cotangents[1])] if state and i == 0 else []):
+            add(torch.autograd.grad(out, list(leaves.values()), c.to(torch.float64), retain_graph=True,
+                                    allow_unused=True))
+    return {n: sq.sqrt() for n, sq in squares.items()}
 
 
 def value_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list

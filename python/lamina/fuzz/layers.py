@@ -22,8 +22,8 @@ from lamina.fuzz.delta import (
     _oracle,
     _per_gate,
     decay_term_sizes,
+    gradient_term_sizes,
     output_term_sizes,
-    value_channel_term_sizes,
 )
 from lamina.fuzz.space import DELTA_SPECS
 from lamina.testing import assert_close, gradient_scale, reduction_scale
@@ -252,8 +252,8 @@ def _scales(oracle: torch.nn.Module, x_ref: torch.Tensor, dy: torch.Tensor | Non
 
 def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict[str, float]:
     """The gradients of the leaves ``params`` (the layer's parameters and input) where the op's input
-    gradients have errors of their terms' size per value channel
-    (``lamina.fuzz.delta.value_channel_term_sizes``): at each element ``i`` of a leaf the root-sum-square of
+    gradients have errors of their terms' size, per value channel or per key channel of q
+    (``lamina.fuzz.delta.gradient_term_sizes``): at each element ``i`` of a leaf the root-sum-square of
     ``d in_j/d p_i * size_j`` over the op's input elements ``j``, those terms carried through the layer's
     input side to first order, and their RMS over the leaf. One backward per input element, through the
     input side only. At one token, beta scales the output, which the output norm removes: d beta cancels
@@ -266,7 +266,7 @@ def _input_scales(calls: list[_OpCall], params: dict[str, torch.Tensor]) -> dict
         cotangents = [o.grad.detach(), None if ht is None or ht.grad is None else ht.grad.detach()]
         case = {**call.case, "output_final_state": cotangents[1] is not None}
         refs = {n: None if t is None else t.detach().requires_grad_(n in call.inputs) for n, t in call.r.items()}
-        for n, size in value_channel_term_sizes(case, refs, call.cu, cotangents).items():
+        for n, size in gradient_term_sizes(case, refs, call.cu, cotangents).items():
             flat, weights = call.inputs[n].reshape(-1), size.reshape(-1)
             for j in torch.nonzero(weights).flatten().tolist():
                 grads = torch.autograd.grad(flat[j], list(params.values()), retain_graph=True, allow_unused=True)
