@@ -139,20 +139,17 @@ def test_environment_and_default_path():
         assert env["commit"] and len(env["commit"]) == 40
 
 
-def test_environment_records_allocator_settings(monkeypatch):
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
+@pytest.mark.parametrize("field, set_name, value, unset_name", [
+    ("allocator_env", "MALLOC_TRIM_THRESHOLD_", "1073741824", "LD_PRELOAD"),
+    # the Triton settings that change what the kernels compile to
+    ("triton_env", "TRITON_DEFAULT_FP_FUSION", "0", "TRITON_F32_DEFAULT"),
+])
+def test_environment_records_the_settings_that_change_timings(monkeypatch, field, set_name, value, unset_name):
+    monkeypatch.setenv(set_name, value)
+    monkeypatch.delenv(unset_name, raising=False)
     env = environment("cpu")
-    assert env["allocator_env"].get("MALLOC_TRIM_THRESHOLD_") == "1073741824"
-    assert "LD_PRELOAD" not in env["allocator_env"]
-
-
-def test_environment_records_the_triton_settings_that_change_the_kernels(monkeypatch):
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
-    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
-    env = environment("cpu")
-    assert env["triton_env"].get("TRITON_DEFAULT_FP_FUSION") == "0"
-    assert "TRITON_F32_DEFAULT" not in env["triton_env"]
+    assert env[field].get(set_name) == value
+    assert unset_name not in env[field]
 
 
 def test_default_results_path_is_outside_the_checkout(monkeypatch, tmp_path):
