@@ -86,7 +86,7 @@ FIXED = {
     # their op's input-gradient terms per value channel carried through the layer too.
     "GatedDeltaNet-fp32-one-token-cancelling-db_proj.json": "reduction_scale floor for layer parameters over "
                                                             "value channels",
-    # float32, one token (the interpreted kernels): dv is w scale (q . k) beta do, and q . k (after the l2norm)
+    # float32, one token (the interpreted kernels): dv is scale (q . k) w do, and q . k (after the l2norm)
     # was 9.6e-4 against a root-sum-square of 0.26 for its terms q_c k_c. dv_proj.weight was off by 4.5e-5 of
     # itself against 3.5e-5 (the plain float32 layer was closer by more than 2.6x): 1.6e-7 of its terms carried
     # through the layer, a rounding of q and k as the layer forms them in float32. Every gradient is compared at

@@ -353,10 +353,10 @@ def key_channel_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cota
     the l2norm), and one for the final state: the output is linear in q, so ``<o, do>`` is the sum over the
     channels of ``<o, do>`` with q masked to each (in blocks, ``_channel_blocks``), and ``<ht, dht>`` does
     not depend on q. Every gradient that passes through ``P = scale q k^T`` sums its key channels there: at
-    one token ``dv = w scale (q . k) beta do``, and where ``q . k`` cancels, the gradient's error is the
-    rounding of its terms (and of q's and k's, which a layer forms in the activations' precision), not of
-    itself. Here the terms' root-sum-square at each element, float64, in the input's shape; one backward of
-    the oracle per block."""
+    one token ``dv = scale (q . k) w do`` (w the write gate: beta outside GDN-2), and where ``q . k``
+    cancels, the gradient's error is the rounding of its terms (and of q's and k's, which a layer forms in
+    the activations' precision), not of itself. Here the terms' root-sum-square at each element, float64, in
+    the input's shape; one backward of the oracle per block."""
     r = {n: None if t is None else t.detach().requires_grad_(t.requires_grad) for n, t in refs.items()}
     leaves = {n: t for n, t in r.items() if t is not None and t.requires_grad}
     q, k = read_rows(case, r)
