@@ -41,6 +41,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 FP_FUSION_ENV = "TRITON_DEFAULT_FP_FUSION"
+# Environment variables that change what Triton compiles: FP fusion (lamina's launches ask for it unless the first
+# is set: ``fp_fusion``), the float32 products' precision, and ptxas's options. Results records and ``lamina info``
+# name those set.
+TRITON_ENV = (FP_FUSION_ENV, "TRITON_FORCE_DISABLE_FP_FUSION", "TRITON_F32_DEFAULT", "PTXAS_OPTIONS",
+              "DISABLE_PTXAS_OPT")
 
 
 def fp_fusion() -> bool | None:
@@ -53,6 +58,17 @@ def fp_fusion() -> bool | None:
     their default applies (None is "not requested" to Triton). Triton 3.9's ``TRITON_FORCE_DISABLE_FP_FUSION=1``
     (3.6 has none) turns fusion off either way."""
     return None if FP_FUSION_ENV in os.environ else True
+
+
+def fp_fusion_enabled() -> bool:
+    """Whether the kernels compile with FP fusion here: ``fp_fusion()`` as Triton resolves it, with the user's
+    ``TRITON_DEFAULT_FP_FUSION`` where ``fp_fusion()`` is None and Triton 3.9's ``TRITON_FORCE_DISABLE_FP_FUSION``
+    over both (``lamina info`` prints it)."""
+    language = triton.knobs.language
+    requested = fp_fusion()
+    if hasattr(language, "fp_fusion_enabled"):  # Triton >= 3.9 resolves it in one place
+        return language.fp_fusion_enabled(requested)
+    return language.default_fp_fusion if requested is None else requested
 
 
 def multiprocessors(device: torch.device) -> int | None:

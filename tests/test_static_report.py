@@ -14,8 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(code_or_args: list[str], timeout: int = 900, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env_extra
+def _run(code_or_args: list[str], timeout: int = 900, drop: tuple[str, ...] = (),
+         **env_extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and k not in drop} | env_extra
     env["PYTHONPATH"] = str(ROOT / "tests" / "data") + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
@@ -101,14 +102,25 @@ SHARDS = 8
 
 
 @pytest.mark.versions
-@pytest.mark.parametrize("user_default", [None, "0", "1"])
-def test_the_report_compiles_with_fp_fusion_on_unless_the_user_sets_triton_default(user_default):
+@pytest.mark.parametrize("env", [{}, {"TRITON_DEFAULT_FP_FUSION": "0"}, {"TRITON_DEFAULT_FP_FUSION": "1"},
+                                 {"TRITON_FORCE_DISABLE_FP_FUSION": "1"}], ids=["unset", "default-0", "default-1",
+                                                                              "force-disable"])
+def test_the_report_compiles_with_fp_fusion_on_unless_the_user_sets_triton_default(env):
     """The static report compiles as lamina's launches run (``kernels/_utils.fp_fusion``): a multiply and an
     add fuse into one FMA with TRITON_DEFAULT_FP_FUSION unset (Triton 3.10's default would not), without
-    Triton 3.9's warning about the unset variable; where the user sets it, their choice applies."""
+    Triton 3.9's warning about the unset variable; where the user sets it, their choice applies, and Triton
+    3.9's TRITON_FORCE_DISABLE_FP_FUSION turns fusion off (3.6 has no such variable). ``lamina info`` says
+    which of the two the PTX shows."""
+    import triton
+
+    from lamina.kernels._utils import TRITON_ENV
+
+    force = "TRITON_FORCE_DISABLE_FP_FUSION" in env
+    if force and not hasattr(triton.knobs.language, "force_disable_fp_fusion"):
+        pytest.skip(f"Triton {triton.__version__} has no TRITON_FORCE_DISABLE_FP_FUSION")
     code = textwrap.dedent("""
         import json, triton
-        from lamina.info import compile_spec
+        from lamina.info import compile_spec, environment_summary
         import aot_demo_kernels as d
         ptx = []
         compile = triton.compile
@@ -118,15 +130,16 @@ def test_the_report_compiles_with_fp_fusion_on_unless_the_user_sets_triton_defau
             return compiled
         triton.compile = spy
         row = compile_spec(d.AXPY, 90)
-        print(json.dumps([row.error, "fma.rn.f32" in ptx[0], "mul.rn.f32" in ptx[0]]))
+        said = environment_summary()["triton_compile"]
+        print(json.dumps([row.error, "fma.rn.f32" in ptx[0], "mul.rn.f32" in ptx[0], said]))
     """)
-    env = {} if user_default is None else {"TRITON_DEFAULT_FP_FUSION": user_default}
-    proc = _run(["-W", "always", "-c", code], **env)
+    proc = _run(["-W", "always", "-c", code], drop=TRITON_ENV, **env)
     assert proc.returncode == 0, proc.stderr
-    error, fma, mul = json.loads(proc.stdout.strip().splitlines()[-1])
+    error, fma, mul, said = json.loads(proc.stdout.strip().splitlines()[-1])
     assert error == "", error
-    fused = user_default != "0"
+    fused = env.get("TRITON_DEFAULT_FP_FUSION") != "0" and not force
     assert (fma, mul) == (fused, not fused), proc.stdout
+    assert said == {"fp fusion": "on" if fused else "off", **env}, said
     assert "TRITON_DEFAULT_FP_FUSION" not in proc.stderr, proc.stderr
 
 

@@ -269,6 +269,7 @@ def environment_summary() -> dict[str, object]:
     from lamina import __version__
     from lamina._dispatch import interpreter_enabled
     from lamina._optional import compiled_extension
+    from lamina.kernels._utils import TRITON_ENV, fp_fusion_enabled
     from lamina.ops.attention_dispatch import load_table
 
     ext = compiled_extension()
@@ -288,6 +289,9 @@ def environment_summary() -> dict[str, object]:
                                  else "not built (LAMINA_BUILD_CUDA=1)"),
             "cpu-ext (lamina._C)": "available" if ext is not None else "not built (LAMINA_BUILD_CPU=1)",
         },
+        # how Triton compiles lamina's kernels here: FP fusion as resolved, and each variable set that changes it
+        "triton_compile": {"fp fusion": "on" if fp_fusion_enabled() else "off",
+                           **{name: os.environ[name] for name in TRITON_ENV if name in os.environ}},
         # prism_attention(backend="auto") on CUDA: the cases the sweep table sends to another path
         "attention_dispatch": {"table": table.source, **outside,
                                "every other case": "lamina's kernel"},

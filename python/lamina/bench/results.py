@@ -20,6 +20,8 @@ from typing import Any, TextIO
 
 import torch
 
+from lamina.kernels._utils import TRITON_ENV
+
 SCHEMA_VERSION = 1
 
 
@@ -74,10 +76,6 @@ def device_slug(device: str) -> str:
 # Environment variables that change how the process allocates host memory: on glibc, freed heap memory
 # returned to the OS is faulted back in on the next call, which can double a CPU timing (``benchmarks/README.md``).
 ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "LD_PRELOAD")
-# Environment variables that change what Triton compiles: FP fusion (lamina's launches ask for it unless the first
-# is set: ``kernels/_utils.fp_fusion``), the float32 products' precision, and ptxas's options.
-TRITON_ENV = ("TRITON_DEFAULT_FP_FUSION", "TRITON_FORCE_DISABLE_FP_FUSION", "TRITON_F32_DEFAULT", "PTXAS_OPTIONS",
-              "DISABLE_PTXAS_OPT")
 
 
 def environment(device: str) -> dict[str, Any]:
