@@ -204,6 +204,8 @@ def test_space_covers_the_options():
                 "allow_neg_eigval", "state_v_first", "gk", "dt_bias"):
         assert any(c[key] for c in drawn), key
     assert any(c["lens"] and 1 in c["lens"] for c in drawn) and any(c["T"] == 1 for c in drawn)
+    assert any(c["lens"] and 0 in c["lens"] for c in drawn)  # an empty sequence in the pack
+    assert all(sum(c["lens"]) > 0 for c in drawn if c["lens"])
     assert any(c["lower_bound"] is not None for c in drawn) and any(not c["beta"] for c in drawn)
     assert {c.get("chunk_size") for c in drawn} >= {16, 32, 64}
     interp = [space.draw_case(op, 0, i, interpret=True) for op in space.KERNEL_OPS for i in range(4)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lamina._delta_spec import CHUNK_SIZES
@@ -27,6 +28,9 @@ OPS = (*KERNEL_OPS, *LAYER_OPS)
 GROUPS = {"all": OPS, "delta": DELTA_OPS, "kernels": KERNEL_OPS, "layers": LAYER_OPS}
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+# A sequence of a varlen pack is empty with this chance, and of length 1 with ONE_SHARE - EMPTY_SHARE.
+EMPTY_SHARE = 0.1
+ONE_SHARE = 0.35
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,24 @@ def _length(rng: random.Random, max_t: int, chunk: int) -> int:
     return min(max_t, int(math.exp(rng.uniform(0.0, math.log(max_t + 1)))))
 
 
-def _lengths(rng: random.Random, max_t: int, chunk: int) -> list[int]:
-    """Sequence lengths of a varlen pack (2-4 sequences, some of length 1), summing to <= max_t."""
-    n = rng.randint(2, 4)
-    lens = [1 if rng.random() < 0.3 else _length(rng, max(max_t // n, 1), chunk) for _ in range(n)]
+def _short_length(rng: random.Random, draw: float, long: Callable[[], int]) -> int:
+    """One sequence of a varlen pack: empty (``draw < EMPTY_SHARE``: ``cu_seqlens`` may repeat an offset, as fla's
+    kernels allow), of length 1, or ``long()``."""
+    return 0 if draw < EMPTY_SHARE else 1 if draw < ONE_SHARE else long()
+
+
+def _nonempty(rng: random.Random, lens: list[int]) -> list[int]:
+    """``lens``, with one sequence of length 1 where every one came out empty (a pack of no tokens is refused)."""
+    if not any(lens):
+        lens[rng.randint(0, len(lens) - 1)] = 1
     return lens
+
+
+def _lengths(rng: random.Random, max_t: int, chunk: int) -> list[int]:
+    """Sequence lengths of a varlen pack (2-4 sequences, some empty or of length 1), summing to <= max_t and > 0."""
+    n = rng.randint(2, 4)
+    return _nonempty(rng, [_short_length(rng, rng.random(), lambda: _length(rng, max(max_t // n, 1), chunk))
+                           for _ in range(n)])
 
 
 def _batch(rng: random.Random, lim: Limits, T: int) -> int:
@@ -195,8 +212,10 @@ def _attention(rng: random.Random, lim: Limits) -> dict:
     if rng.random() < 0.3:
         n = rng.randint(2, 4)
         case.update(B=1, T=None, S=None,
-                    lens_q=[rng.choice([1, rng.randint(1, max(lim.max_t // n, 1))]) for _ in range(n)],
-                    lens_k=[rng.choice([1, rng.randint(1, max(lim.max_t // n, 1))]) for _ in range(n)])
+                    **{key: _nonempty(rng, [_short_length(rng, rng.random(),
+                                                          lambda: rng.randint(1, max(lim.max_t // n, 1)))
+                                            for _ in range(n)])
+                       for key in ("lens_q", "lens_k")})
     else:
         case.update(B=rng.randint(1, lim.max_batch), T=_length(rng, lim.max_t, 64), S=_length(rng, lim.max_t, 64),
                     lens_q=None, lens_k=None)
