@@ -70,7 +70,9 @@ Per-channel decay (DECAY_CHANNEL) is evaluated one key column at a time (kernels
 each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to -20 per token stay
 finite at any T. ``DeltaTuning.channel_dots`` forms the same intra-chunk products with tensor cores between
 16-row sub-blocks, every factor's exponent still ``<= 0``. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE)
-use matrix products with a ``[BT, BT]`` decay mask. Log decays are assumed ``<= 0`` (decays in (0, 1]).
+use matrix products with a ``[BT, BT]`` decay mask. Log decays are assumed ``<= 0`` (decays in [0, 1]);
+``load_gate`` floors them at ``LOG_DECAY_FLOOR`` (-inf included), and ``dg`` at a floored one is the gradient
+at the floor (the PyTorch path's clamp gives 0 there; the float64 token loop's is 0 at -inf).
 """
 
 from __future__ import annotations

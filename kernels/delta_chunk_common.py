@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, L2NORM_EPS, MAX_K, MAX_V, BetaAct  # noqa: F401 - the family's limits
+from lamina._delta_spec import CHUNK_SIZES, DEFAULT_CHUNK_SIZE, L2NORM_EPS, LOG_DECAY_FLOOR, MAX_K, MAX_V, BetaAct  # noqa: F401 - the family's limits
 from lamina.kernels._utils import cdiv, next_power_of_2
 
 # Diagonal sub-block length inside a chunk. tl.dot needs every dim >= 16, and per-channel
@@ -47,6 +47,8 @@ STATE_TILE_ELEMS_MMA_SYNC = 2048
 MIN_BLOCK = 16
 # The l2norm's eps (``use_qk_l2norm_in_kernel``), readable inside @triton.jit code.
 L2NORM_EPS_C = tl.constexpr(L2NORM_EPS)
+# The chunked forms' floor on a log decay (lamina._delta_spec.LOG_DECAY_FLOOR), readable inside @triton.jit code.
+LOG_DECAY_FLOOR_C = tl.constexpr(LOG_DECAY_FLOOR)
 
 
 class DecayKind:
@@ -337,14 +339,20 @@ def gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask):
 
 
 @triton.jit
+def _floored(log_decay):
+    """``max(log_decay, LOG_DECAY_FLOOR)``, NaN kept (``tl.maximum`` would return the floor for it)."""
+    return tl.where(log_decay < LOG_DECAY_FLOOR_C, LOG_DECAY_FLOOR_C, log_decay)
+
+
+@triton.jit
 def activated_gate(x, A_log, dt_bias, lower_bound, i_hv, bias_offs, bias_mask, valid, ACT: tl.constexpr):
     """The log decay of a loaded gate tile ``x`` (fp32): ``x`` itself without an activation, else
     ``gate_decay`` with ``A_log[i_hv]`` and ``dt_bias[bias_offs]``, 0 outside ``valid`` (padding rows stay
-    without decay, as a zero ``g`` is)."""
+    without decay, as a zero ``g`` is); either floored at ``LOG_DECAY_FLOOR`` (-inf, a decay of 0, included)."""
     if ACT == ACT_NONE:
-        return x
+        return _floored(x)
     a, bias = gate_params(A_log, dt_bias, i_hv, bias_offs, bias_mask)
-    return tl.where(valid, gate_decay(x, a, bias, lower_bound, ACT), 0.0)
+    return tl.where(valid, _floored(gate_decay(x, a, bias, lower_bound, ACT)), 0.0)
 
 
 @triton.jit

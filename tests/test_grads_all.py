@@ -57,6 +57,8 @@ _BETA_SIGMOID = {"chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_gated_d
 
 
 def _allowed(op: str, opts: frozenset) -> bool:
+    if "reset" in opts and op not in _GATED:
+        return False
     if "gate" in opts or "lower_bound" in opts or "lower_bound_no_A_log" in opts:
         if op not in _GATED:
             return False
@@ -85,6 +87,8 @@ def make_inputs(op: str, opts: frozenset, shape: tuple[int, ...], dtype: torch.d
     if decay is not None and "gk_only" not in opts:
         width = () if decay == "scalar" else (K,)
         x["g"] = (randn(B, T, HV, *width) if gate_input else -rand(B, T, HV, *width)).to(dtype)
+    if "reset" in opts:
+        _reset(x["g"])
     if "gk" in opts or "gk_only" in opts:
         x["gk"] = (-rand(B, T, HV, K) * 0.5).to(dtype)
     if gates == "scalar":
@@ -100,6 +104,27 @@ def make_inputs(op: str, opts: frozenset, shape: tuple[int, ...], dtype: torch.d
             x["A_log"] = randn(HV) * 0.5
         x["dt_bias"] = randn(HV * K if decay == "channel" else HV) * 0.5
     return x
+
+
+def _reset(g: torch.Tensor) -> None:
+    """Log decays of -inf (a decay of 0: the state forgotten at that token; the chunked forms floor them at
+    ``LOG_DECAY_FLOOR``) in ``g [B, T, HV(, K)]``: at the end of the first chunk of 16 and the start of the
+    second; on the first token of the last sequence, or with one sequence of its first head or half its key
+    channels (that part of the initial state then has no gradient: the floor leaves exp(-40) of it, judged
+    against the rest's); on token 7 of the first sequence in its first head (half its key channels where the
+    decay is per channel)."""
+    g[:, [CHUNK - 1, CHUNK]] = float("-inf")
+    if g.shape[0] > 1:
+        g[-1, 0] = float("-inf")
+    elif g.dim() == 4:
+        g[0, 0, :, : g.shape[-1] // 2] = float("-inf")
+    else:
+        assert g.shape[2] > 1, "one sequence of one head reset on its first token leaves no initial-state gradient"
+        g[0, 0, 0] = float("-inf")
+    if g.dim() == 4:
+        g[0, 7, 0, : g.shape[-1] // 2] = float("-inf")
+    else:
+        g[0, 7, 0] = float("-inf")
 
 
 def call_op(op: str, opts: frozenset, x: dict, backend: str):
@@ -207,7 +232,7 @@ def _parameter_scales(op: str, opts: frozenset, ref: dict, cotangents: tuple) ->
 TORCH_SHAPE = (2, 20, 1, 2, 16, 24)  # B, T, H, HV (GVA), K, V: two chunks of 16, the second partial
 OPTION_SETS = [frozenset(s) for s in (
     (), ("l2norm",), ("no_h0",), ("gate",), ("lower_bound",), ("lower_bound_no_A_log",), ("beta_sigmoid",),
-    ("gk",), ("gk_only",), ("beta_none",),
+    ("gk",), ("gk_only",), ("beta_none",), ("reset",),
 )]
 # The state-less start and the l2norm are branches of the ops' shared input handling: two ops each suffice.
 _SHARED_OPTION_OPS = {"no_h0": ("chunk_gdn2", "fused_recurrent_delta_rule"),
@@ -237,6 +262,10 @@ TRITON_CASES = [
     ("fused_recurrent_gdn2", ("l2norm", "lower_bound_no_A_log"), torch.float32),
     # fp16: the token-by-token forward, the chunked recompute and the chunked backward in one case
     ("fused_recurrent_gdn2", ("l2norm", "lower_bound"), torch.float16),
+    # decays of 0 (g = -inf), a scalar and a per-channel gate
+    ("chunk_gated_delta_rule", ("reset", "gva"), torch.float32),
+    ("chunk_kda", ("reset",), torch.float32),
+    ("chunk_gdn2", ("reset", "l2norm"), torch.float16),
 ]
 
 

@@ -24,6 +24,11 @@ MAX_K = 512
 MAX_V = 512
 # fla's l2norm of q and k (``use_qk_l2norm_in_kernel``): x / sqrt(sum(x^2) + eps) over the key dim.
 L2NORM_EPS = 1e-6
+# The chunked forms take a log decay below this (per token and channel) as this: the decay exp(-40) = 4.2e-18
+# leaves nothing of a state that any dtype's rounding keeps, and a log decay of -inf (a decay of 0: the state
+# forgotten at that token), which the token loops take as it is, stays finite in the chunks' differences
+# G_i - G_j of cumulative log decays (-inf - -inf is NaN). Log decays in [-40, 0] are unchanged.
+LOG_DECAY_FLOOR = -40.0
 
 
 class BetaAct:

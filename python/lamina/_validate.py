@@ -14,7 +14,9 @@ finite number (e.g. the 0 that PyTorch's fused attention gives a NaN query row).
 on blocks may spread a NaN further than the reference (the chunked delta-rule forms over the whole of
 its chunk: ``0 * NaN`` in a masked matrix product). The one range that is checked is the log decay
 ``g <= 0`` of the delta-rule ops, and only where it can be read without a device sync (CPU
-tensors); on CUDA the caller must keep ``g <= 0``, as with fla.
+tensors); on CUDA the caller must keep ``g <= 0``, as with fla. A log decay of -inf is in range (a decay
+of 0: the state forgotten at that token); the chunked forms take it, as any log decay below
+``LOG_DECAY_FLOOR`` (-40), at the floor, so it stays finite where the reference is.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def check_nonpositive(name: str, x: torch.Tensor | None, what: str = "a log deca
     if x is None or x.device.type != "cpu" or x.numel() == 0 or torch.compiler.is_compiling():
         return
     if bool((x.detach() > 0).any()):
-        raise ValueError(f"{name} must be <= 0 ({what}: exp({name}) is the decay in (0, 1]), got a maximum of "
+        raise ValueError(f"{name} must be <= 0 ({what}: exp({name}) is the decay in [0, 1]), got a maximum of "
                          f"{float(x.detach().max())}")
 
 

@@ -253,7 +253,9 @@ def _check_dtypes_and_ranges(q: torch.Tensor, v: torch.Tensor, gates: dict, scal
     and ``gk`` must be <= 0 (``exp(g)`` is a decay; the chunked kernels take exponents relative to a
     row of the same sub-chunk, exact only for non-positive gates): checked on CPU tensors, where it
     costs no device sync; on CUDA it is the caller's contract, as in fla. With
-    ``use_gate_in_kernel`` ``g`` is the raw gate input (any sign) and is not checked.
+    ``use_gate_in_kernel`` ``g`` is the raw gate input (any sign) and is not checked. A log decay of -inf
+    (a decay of 0) forgets the state at its token; the chunked forms floor log decays at
+    ``LOG_DECAY_FLOOR`` (-40), where the token loops take them as they are.
     """
     if v.dtype != q.dtype:
         raise ValueError(f"v must have the dtype of q ({str(q.dtype).replace('torch.', '')}), "

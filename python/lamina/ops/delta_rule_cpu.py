@@ -30,7 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE
+from lamina._delta_spec import CPU_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, LOG_DECAY_FLOOR
 
 # Elements per [chunks, C, K] temporary in the channel-decay scores (512 KB in float32): keeps the
 # dozen temporaries of a group in a 2 MB L2. Groups of 32 chunk-heads at C = K = 64 cut that step
@@ -426,7 +426,9 @@ def _chunk_steps(
     # error (dg at g ~ -U(0, 20): RMS error ratio 1.4e-5 with float32 sums, 2.3e-7 with these).
     # Decays exp(G_i - G_j) take the float64 difference, rounded to the compute dtype before exp: a
     # relative error of 6e-8 |G_i - G_j| on a factor exp(G_i - G_j), and half the cost of a float64 exp.
-    G = None if g is None else chunks(g, torch.float64).cumsum(dim=-2)  # [chunks, HV, C, 1|K], padding: no decay
+    # Each log decay floored at LOG_DECAY_FLOOR first (a decay of 0, g = -inf, included), in the chunks' copy.
+    # [chunks, HV, C, 1|K], padding: no decay.
+    G = None if g is None else chunks(g, torch.float64).clamp_(min=LOG_DECAY_FLOOR).cumsum(dim=-2)
 
     qk, ek = _causal_decayed_scores((q, e), k, G)
     if G is None:
