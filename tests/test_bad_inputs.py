@@ -187,6 +187,9 @@ def test_delta_rule_nan_and_inf_propagate(name, backend):
             assert not torch.isfinite(out[0, t:, head]).all(), f"the bad {where} must reach the output"
         if name.startswith("fused"):  # token by token: exactly the reference's pattern
             assert torch.equal(torch.isfinite(out), torch.isfinite(ref))
+        if gate is not None and value == float("inf"):  # g = -inf, a decay of 0: finite, as in the reference
+            head = POISONED.index("g")
+            assert torch.isfinite(ref[0, :, head]).all() and torch.isfinite(out[0, :, head]).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
