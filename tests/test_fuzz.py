@@ -201,7 +201,7 @@ def test_reproducer_names_every_option():
 def test_space_covers_the_options():
     drawn = [space.draw_case(op, 0, i) for op in space.DELTA_OPS for i in range(12)]
     for key in ("initial_state", "output_final_state", "l2norm", "gate_in_kernel", "beta_sigmoid",
-                "allow_neg_eigval", "state_v_first", "gk", "dt_bias"):
+                "allow_neg_eigval", "state_v_first", "gk", "dt_bias", "resets"):
         assert any(c[key] for c in drawn), key
     assert any(c["lens"] and 1 in c["lens"] for c in drawn) and any(c["T"] == 1 for c in drawn)
     assert any(c["lens"] and 0 in c["lens"] for c in drawn)  # an empty sequence in the pack
@@ -301,6 +301,24 @@ def test_gate_parameter_gradients_off_by_a_percent_are_found(monkeypatch, op, na
     monkeypatch.setattr(lamina, op, _gradient_times(getattr(lamina, op), name, 1.01))
     with pytest.raises(AssertionError, match=f"^d{name}: "):
         check_delta(case)
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_gdn2"])
+def test_cases_with_resets_pass_and_find_the_missing_floor(monkeypatch, op):
+    """A case with ``resets`` has log decays of -inf among its inputs and passes on the PyTorch path; without the
+    chunked forms' floor on the log decays it fails (their outputs turn NaN where the token loop's are not)."""
+    from lamina.fuzz import delta
+    from lamina.fuzz.common import Draw
+
+    case = space.draw_case(op, 7, 0, backend="torch")
+    case.update(g=True, gate_in_kernel=False, lower_bound=None, dt_bias=False, gk=False, gate_strength="mild",
+                resets=True, H=1, ratio=1, B=2, T=40, lens=None, chunk_size=16, grad=True)
+    x = delta._masters(case, Draw(case["seed"]))  # the inputs check_delta draws
+    assert torch.isneginf(x["g"]).any() and torch.isfinite(x["g"]).any()
+    delta.check_delta(case)
+    monkeypatch.setattr("lamina.ops.delta_rule_cpu.LOG_DECAY_FLOOR", float("-inf"))
+    with pytest.raises(AssertionError):
+        delta.check_delta(case)
 
 
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])

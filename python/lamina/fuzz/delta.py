@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lamina._delta_spec import DEFAULT_CHUNK_SIZE
+from lamina._delta_spec import DEFAULT_CHUNK_SIZE, LOG_DECAY_FLOOR
 from lamina.fuzz.common import (
     DTYPES,
     Draw,
@@ -28,7 +28,7 @@ from lamina.fuzz.common import (
     offsets,
     raise_floors,
 )
-from lamina.fuzz.space import DELTA_SPECS
+from lamina.fuzz.space import DELTA_SPECS, RESET_SHARE
 from lamina.testing import assert_close, reduction_scale
 
 L2NORM_EPS = 1e-6  # fla's l2norm: x / sqrt(sum x^2 + eps)
@@ -71,12 +71,17 @@ def beta64(beta: torch.Tensor, sigmoid: bool, neg_eigval: bool) -> torch.Tensor:
     return torch.sigmoid(beta) * (2.0 if neg_eigval else 1.0)
 
 
-def _decay(draw: Draw, shape: tuple[int, ...], strength: str) -> torch.Tensor:
+def _decay(draw: Draw, shape: tuple[int, ...], strength: str, resets: bool = False) -> torch.Tensor:
+    """Log decays of a strength; with ``resets``, ``RESET_SHARE`` of them -inf (decays of 0)."""
     if strength == "mild":
-        return F.logsigmoid(draw.randn(*shape) + 4)
-    if strength == "moderate":
-        return F.logsigmoid(draw.randn(*shape))
-    return -20.0 * draw.rand(*shape)
+        g = F.logsigmoid(draw.randn(*shape) + 4)
+    elif strength == "moderate":
+        g = F.logsigmoid(draw.randn(*shape))
+    else:
+        g = -20.0 * draw.rand(*shape)
+    if resets:
+        g = g.masked_fill(draw.rand(*shape) < RESET_SHARE, float("-inf"))
+    return g
 
 
 # --- the case --------------------------------------------------------------------------------------
@@ -105,9 +110,9 @@ def _masters(case: dict, draw: Draw) -> dict[str, torch.Tensor | None]:
             if case["dt_bias"]:
                 x["dt_bias"] = draw.randn(HV if spec.g == "scalar" else HV * K)
         else:
-            x["g"] = _decay(draw, g_shape, case["gate_strength"])
+            x["g"] = _decay(draw, g_shape, case["gate_strength"], case.get("resets", False))
     if case["gk"]:
-        x["gk"] = _decay(draw, (B, T, HV, K), case["gate_strength"])
+        x["gk"] = _decay(draw, (B, T, HV, K), case["gate_strength"], case.get("resets", False))
     if spec.gates == "bw":
         x["b"] = torch.sigmoid(draw.randn(B, T, HV, K))
         x["w"] = torch.sigmoid(draw.randn(B, T, HV, V))
@@ -166,7 +171,8 @@ def _log_decay(case: dict, r: dict) -> torch.Tensor | None:
 def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
             gates: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The op's map on the reference inputs ``r``: the token loop, or with ``chunked`` the plain chunked
-    form at the case's chunk size (the same math as the op's chunked path, for the float32 baseline).
+    form at the case's chunk size (the same math as the op's chunked path, its log decays floored as there, for
+    the float32 baseline).
     ``gates``: beta's values as the erase and write gates apart (``[B, T, HV, K]``, ``[B, T, HV, V]``,
     before the activation) in place of ``r["beta"]`` (``_parameter_scales``)."""
     from lamina.reference import delta_rule_family_chunk_ref, delta_rule_family_recurrent_ref
@@ -187,6 +193,9 @@ def _oracle(case: dict, r: dict, cu: torch.Tensor | None, chunked: bool = False,
     kw = dict(g=g, erase=erase, write=write, scale=case["scale"], initial_state=h0, output_final_state=True,
               cu_seqlens=cu)
     if chunked:
+        # the op's chunked forms floor the log decays (-inf, a decay of 0, would make G_i - G_j NaN)
+        if g is not None:
+            kw["g"] = g.clamp(min=LOG_DECAY_FLOOR)
         o, ht = delta_rule_family_chunk_ref(q, k, r["v"], chunk_size=case["chunk_size"], **kw)
     else:
         o, ht = delta_rule_family_recurrent_ref(q, k, r["v"], **kw)
