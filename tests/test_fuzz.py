@@ -508,6 +508,45 @@ def test_layer_projection_gradients_off_by_three_bounds_are_found(monkeypatch, o
         layers.check_layer(case)
 
 
+@pytest.mark.parametrize("op,name", [("GatedDeltaNet", "a_proj.weight"), ("KimiDeltaAttention", "f_proj.1.weight")])
+def test_layer_gate_projection_gradients_off_by_three_bounds_of_their_terms_are_found(monkeypatch, op, name):
+    """The projection a layer forms its gate input from is compared at its terms carried through the layer,
+    the log decay's among them (``decay_input_term_sizes``), which are larger than its own RMS at 17 tokens
+    (a_proj 2.98 against 0.82, f_proj.1 0.17 against 0.08): a float32 case passes as drawn, and fails once
+    the gradient is off by three times the table's RMS bound at that size."""
+    import copy
+
+    from lamina.fuzz import layers
+    from lamina.fuzz.common import Draw
+    from lamina.testing import RECURRENCE_RMS_RATIO
+
+    case = space.draw_case(op, 7, 0, backend="torch", dtypes=("float32",))
+    case.update(B=1, T=17, grad=True)
+    layers.check_layer(case)
+    draw = Draw(case["seed"])  # check_layer's input and cotangent, and its float64 copy of the layer
+    oracle = layers.build_layer(case).double()
+    x = draw.randn(case["B"], case["T"], case["hidden"])
+    with layers.pytorch_dispatch():
+        y = layers._forward(copy.deepcopy(oracle), x)
+    dy = draw.cotangent(y.shape, torch.float32)
+    floor = layers._scales(oracle, x, dy)[name]
+    with layers.pytorch_dispatch():
+        layers._forward(oracle, x).backward(dy)
+    rms = dict(oracle.named_parameters())[name].grad.pow(2).mean().sqrt().item()
+    assert floor > rms
+    factor = 1 + 3 * RECURRENCE_RMS_RATIO[torch.float32] * floor / rms
+    real = layers.build_layer
+
+    def planted(c):
+        layer = real(c)
+        dict(layer.named_parameters())[name].register_hook(lambda g: g * factor)
+        return layer
+
+    monkeypatch.setattr(layers, "build_layer", planted)
+    with pytest.raises(AssertionError, match=f"^d{name}: RMS error ratio"):
+        layers.check_layer(case)
+
+
 @pytest.mark.parametrize("op,gate_in_kernel", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
                                                ("chunk_kda", True), ("fused_recurrent_gated_delta_rule", True)])
 def test_decay_gradients_off_by_three_bounds_are_found(monkeypatch, op, gate_in_kernel):

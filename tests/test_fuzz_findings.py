@@ -93,6 +93,14 @@ FIXED = {
     # its terms per key channel of q too, as the output is.
     "GatedDeltaNet2-fp32-one-token-cancelling-dv_proj.json": "reduction_scale floor for gradients over key "
                                                              "channels",
+    # float32, one token, no initial state (the interpreted kernels, in-kernel gate): the log decay's gradient is
+    # 0 in exact math, so a_proj.weight's is 0 too; the kernels' dg is the rounding of the terms the chunked
+    # backward sums into it (as in the op findings above), carried through a_proj: one element off by 1.97e-7
+    # against 1.78e-7 (8e-5 of the layer's gradient scale), RMS ratio within bound. The layers' A_log and
+    # dt_bias were compared at those terms, the parameters that form g (a_proj) were not: every op input of
+    # the log decay now has them among its gradient's terms (a_proj.weight's scale 1.0; 1.6e-7 of it).
+    "GatedDeltaNet-fp32-one-token-zero-da_proj.json": "reduction_scale floor for the decay's inputs through the "
+                                                      "layer",
     # 16-bit, one token: q.k cancels, and a rounding of q before the product was the error. The token-by-token
     # forward took q and k normalised and rounded to 16 bits (o RMS error ratio 0.028 bf16, 0.0033 fp16); it
     # now normalises them in float32 in its kernel. The chunked forward rounded q times the scale (0.072); the

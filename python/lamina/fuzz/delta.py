@@ -348,11 +348,41 @@ def _term_scales(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: li
 
 def gradient_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
                         ) -> dict[str, torch.Tensor]:
-    """Every input's gradient at the size of its terms, element by element: the larger of its terms per value
-    channel (``value_channel_term_sizes``) and per key channel of q (``key_channel_term_sizes``)."""
+    """Every input's gradient at the size of its terms, element by element: the largest of its terms per value
+    channel (``value_channel_term_sizes``), per key channel of q (``key_channel_term_sizes``) and, for the log
+    decay's inputs, those the chunked backward sums into the log decay's gradient
+    (``decay_input_term_sizes``)."""
     sizes = value_channel_term_sizes(case, refs, cu, cotangents)
-    for n, size in key_channel_term_sizes(case, refs, cu, cotangents).items():
-        sizes[n] = torch.maximum(sizes[n], size) if n in sizes else size
+    for more in (key_channel_term_sizes, decay_input_term_sizes):
+        for n, size in more(case, refs, cu, cotangents).items():
+            sizes[n] = torch.maximum(sizes[n], size) if n in sizes else size
+    return sizes
+
+
+def decay_input_term_sizes(case: dict, refs: dict, cu: torch.Tensor | None, cotangents: list
+                           ) -> dict[str, torch.Tensor]:
+    """The log decay's inputs given per element (``g``, a raw gate input too, and ``gk``, those of ``refs`` that
+    require a gradient) at the size of the terms the chunked backward sums into the log decay's gradient
+    (``decay_term_sizes``): at each input element the root-sum-square of each decay element's size times its
+    derivative by that input element. At one token without an initial state the log decay's gradient is 0, and
+    the kernels' is the rounding of those terms, which a layer carries on to the parameters it forms ``g``
+    from (``lamina.fuzz.layers._input_scales``)."""
+    names = [n for n in ("g", "gk") if refs.get(n) is not None and refs[n].requires_grad]
+    if not names:
+        return {}
+    r = {n: None if t is None else t.detach() for n, t in refs.items()}
+    size = decay_term_sizes(case, r, cu, cotangents)
+    leaves = {n: r[n].clone().requires_grad_() for n in names}
+    decay = _log_decay(case, r | leaves)
+    sizes = {}
+    for n, x in leaves.items():
+        # each decay element depends on one element of x, so sum_e (size_e J_ej)^2 = [J^T (size^2 * J 1)]_j,
+        # with J 1 (the decay's slope by x, in the decay's shape) by the double-backward trick
+        probe = torch.zeros_like(decay, requires_grad=True)
+        (back,) = torch.autograd.grad(decay, x, probe, create_graph=True)
+        (slope,) = torch.autograd.grad(back, probe, torch.ones_like(back))
+        (squares,) = torch.autograd.grad(decay, x, size.pow(2) * slope, retain_graph=True)
+        sizes[n] = squares.clamp(min=0).sqrt()
     return sizes
 
 
