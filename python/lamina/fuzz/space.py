@@ -131,9 +131,9 @@ def _length(rng: random.Random, max_t: int, chunk: int) -> int:
     return min(max_t, int(math.exp(rng.uniform(0.0, math.log(max_t + 1)))))
 
 
-def _short_length(rng: random.Random, draw: float, long: Callable[[], int]) -> int:
-    """One sequence of a varlen pack: empty (``draw < EMPTY_SHARE``: ``cu_seqlens`` may repeat an offset, as fla's
-    kernels allow), of length 1, or ``long()``."""
+def _short_length(draw: float, long: Callable[[], int]) -> int:
+    """One sequence of a varlen pack: empty (``draw < EMPTY_SHARE``: ``cu_seqlens`` repeats an offset), of length 1,
+    or ``long()``."""
     return 0 if draw < EMPTY_SHARE else 1 if draw < ONE_SHARE else long()
 
 
@@ -147,7 +147,7 @@ def _nonempty(rng: random.Random, lens: list[int]) -> list[int]:
 def _lengths(rng: random.Random, max_t: int, chunk: int) -> list[int]:
     """Sequence lengths of a varlen pack (2-4 sequences, some empty or of length 1), summing to <= max_t and > 0."""
     n = rng.randint(2, 4)
-    return _nonempty(rng, [_short_length(rng, rng.random(), lambda: _length(rng, max(max_t // n, 1), chunk))
+    return _nonempty(rng, [_short_length(rng.random(), lambda: _length(rng, max(max_t // n, 1), chunk))
                            for _ in range(n)])
 
 
@@ -216,11 +216,9 @@ def _attention(rng: random.Random, lim: Limits) -> dict:
                   "scale": None if rng.random() < 0.7 else round(rng.uniform(0.05, 1.0), 4)}
     if rng.random() < 0.3:
         n = rng.randint(2, 4)
-        case.update(B=1, T=None, S=None,
-                    **{key: _nonempty(rng, [_short_length(rng, rng.random(),
-                                                          lambda: rng.randint(1, max(lim.max_t // n, 1)))
-                                            for _ in range(n)])
-                       for key in ("lens_q", "lens_k")})
+        long = lambda: rng.randint(1, max(lim.max_t // n, 1))  # noqa: E731
+        case.update(B=1, T=None, S=None, **{key: _nonempty(rng, [_short_length(rng.random(), long) for _ in range(n)])
+                                            for key in ("lens_q", "lens_k")})
     else:
         case.update(B=rng.randint(1, lim.max_batch), T=_length(rng, lim.max_t, 64), S=_length(rng, lim.max_t, 64),
                     lens_q=None, lens_k=None)
