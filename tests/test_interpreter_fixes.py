@@ -1,10 +1,12 @@
-"""lamina.kernels._interpreter: device-function calls patch the language modules once per launch."""
+"""lamina.kernels._interpreter: device-function calls patch the language modules once per launch; the NumPy
+type of a Triton type comes from a table."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -105,3 +107,26 @@ def test_a_helper_seeing_other_language_modules_is_patched(monkeypatch):
     assert tl.core in calls  # the helper's module was patched
     core_patches = sum(1 for module in calls if module is tl.core)
     assert core_patches == 1, core_patches  # by its first call only, not by the other two programs'
+
+
+SCALARS = ("int1", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+           "float32", "float64", "float8e5", "float8e4nv")
+
+
+def test_numpy_types_of_triton_types_are_the_interpreters():
+    """The table's answers are the interpreter's own (scalars, blocks of them, pointers, blocks of pointers),
+    the first time and from the table; bf16 is stored as uint16 and pointers as uint64 there."""
+    from triton.runtime import interpreter as interp
+
+    import lamina.kernels  # noqa: F401
+
+    get, original = interp._get_np_dtype, interp._get_np_dtype.__wrapped__
+    types = [getattr(tl, name) for name in SCALARS]
+    types += [tl.block_type(t, [4, 8]) for t in types] + [tl.pointer_type(tl.float32)]
+    types += [tl.block_type(tl.pointer_type(tl.bfloat16), [16])]
+    for _ in range(2):
+        assert [get(t) for t in types] == [original(t) for t in types]
+    assert get(tl.bfloat16) == np.uint16 and get(tl.block_type(tl.float16, [2])) == np.float16
+    assert get(tl.pointer_type(tl.int8)) == np.uint64
+    with pytest.raises(KeyError):  # a type the interpreter has no NumPy type for raises as it did
+        get(tl.void)
