@@ -346,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in summary.items():
                 if isinstance(value, dict):
                     print(f"{key}:")
+                    width = max([22, *map(len, value)])  # a longer name (a Triton variable) widens its section
                     for k, v in value.items():
-                        print(f"  {k:<22} {v}")
+                        print(f"  {k:<{width}} {v}")
                 else:
                     print(f"{key:<24} {value}")
         return 0
