@@ -233,11 +233,15 @@ def test_separate_output_kernel(monkeypatch, variant):
         plain = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
         with delta_tuning(output_kernel=True):
             o, s, h, v_new, _ = fwd.delta_chunk_fwd(*args, save_states=save_states, output_v_new=True)
-            assert fwd.delta_chunk_fwd(*args, save_states=save_states)[3] is None
         assert_close("o", o, o_ref)
         assert_close("final_state", s, s_ref)
         assert torch.equal(s, plain[1]) and torch.equal(v_new, plain[3])
         assert (h is None) == (not save_states) and (h is None or torch.equal(h, plain[2]))
+        # the writes not asked for stay None (a short pack of the same form: which outputs exist does not
+        # depend on length)
+        short = make_inputs(variant, B, 20, 2, 4, 32, 48, varlen=None if varlen is None else [0, 3, 20], h0=True)
+        with delta_tuning(output_kernel=True):
+            assert fwd.delta_chunk_fwd(*short[:6], scale, short[6], True, short[7], save_states=save_states)[3] is None
     assert len(launched) == 4
 
 
@@ -339,9 +343,12 @@ def test_inverse_kept_for_the_backward(variant, solve_block):
         args = (q, k, v, g, b, w, 32 ** -0.5, s0, False, cu)
         with delta_tuning(solve_block=solve_block):
             A = fwd.delta_chunk_fwd(*args, save_states=True)[4]
-            assert fwd.delta_chunk_fwd(*args, save_states=False)[4] is None
         assert A.dtype == torch.float32
         assert_close("A", A, chunk_inverses(k, g, b, v.shape[2], cu, 64))
+    # without the states saved: none kept (a short varlen pack: which outputs exist does not depend on length)
+    q, k, v, g, b, w, s0, cu = make_inputs(variant, 1, 20, 2, 4, 32, 16, varlen=[0, 3, 20], h0=True)
+    with delta_tuning(solve_block=solve_block):
+        assert fwd.delta_chunk_fwd(q, k, v, g, b, w, 32 ** -0.5, s0, False, cu, save_states=False)[4] is None
 
 
 @pytest.mark.parametrize("solve_block", [16, 32, 64])
