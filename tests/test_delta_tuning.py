@@ -56,9 +56,10 @@ def test_recomputed_chunk_states(variant):
     """``recompute_states``: the training forward saves no chunk states (by default it saves one tensor of
     them), and the backward, recomputing them, gives the float64 path's output, state and every gradient."""
     t, k_dim, v_dim, chunk = 40, 32, 16, 16
-    assert _saved_chunk_states(variant, t, k_dim, v_dim, chunk) == 1
+    # what the forward saves does not depend on the length: counted on two chunks (20 tokens), checked on 40
+    assert _saved_chunk_states(variant, 20, k_dim, v_dim, chunk) == 1
     with delta_tuning(recompute_states=True):
-        assert _saved_chunk_states(variant, t, k_dim, v_dim, chunk) == 0
+        assert _saved_chunk_states(variant, 20, k_dim, v_dim, chunk) == 0
         check_training_against_float64(variant, t, k_dim, v_dim, chunk_size=chunk)
 
 
