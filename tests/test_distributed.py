@@ -17,6 +17,8 @@ import copy
 import datetime
 import gc
 import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -450,6 +452,42 @@ def test_ddp_training_with_context_parallel_follows_one_process(tmp_path):
 @pytest.mark.versions
 def test_compiled_training_with_context_parallel_follows_one_process(tmp_path):
     _spawn(tmp_path, 2, "compile")
+
+
+def test_importing_the_module_leaves_dynamo_unloaded():
+    # every rank imports it: torch.compiler.disable at import time loaded torch._dynamo (about 2 s)
+    code = "import sys, torch, lamina.distributed; print('torch._dynamo' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stdout + proc.stderr
+
+
+@pytest.mark.versions
+def test_collective_wrappers_run_eagerly_between_compiled_graphs():
+    """An ``_eager`` function first called inside a compiled region runs eagerly (never traced: ``.item()``
+    there would be a graph break of its own), and Dynamo breaks the graph at its call, as at a function
+    decorated with ``torch.compiler.disable``; the compiled caller gives the eager caller's result."""
+    import torch._dynamo
+
+    from lamina.distributed import _eager
+
+    seen = []
+
+    def total_times(x):
+        seen.append(torch.compiler.is_compiling())
+        return x.sum().item() * x
+
+    def caller(fn):
+        return lambda x: fn(x * 2) + 1
+
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    compiled = torch.compile(caller(_eager(total_times)), backend="eager")
+    assert torch.equal(compiled(x), caller(total_times)(x)) and seen == [False, False]
+    for fn in (_eager(total_times), torch.compiler.disable(total_times)):
+        explained = torch._dynamo.explain(caller(fn))(x)
+        assert explained.graph_break_count == 1 and explained.graph_count == 2, explained
+        assert "disable" in explained.break_reasons[0].reason, explained.break_reasons
+    assert not any(seen)
 
 
 def test_mismatched_calls_raise_on_every_rank(tmp_path):

@@ -26,6 +26,8 @@ reach the call at all leaves the others waiting until the process group's timeou
 
 from __future__ import annotations
 
+import functools
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,26 @@ import torch.distributed as dist
 # Bytes this process has exchanged through the collectives below (the size of each collective's result),
 # for the scaling benchmark; ``traffic_bytes()`` reads it.
 _TRAFFIC = [0]
+
+
+def _eager(fn: Callable) -> Callable:
+    """``torch.compiler.disable(fn)``, made at the first call under Dynamo: ``torch.compiler.disable`` imports
+    ``torch._dynamo``, which made importing this module take about 2 s longer (on every rank, compiled or not).
+    Without ``torch._dynamo`` loaded nothing is being compiled and ``fn`` runs as it is; with it, the disabled
+    function is made on the first call, inside a compiled region too (Dynamo skips it as it skips a function
+    decorated at import: one graph break, ``fn`` run eagerly; tests/test_distributed.py)."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 
 def traffic_bytes(reset: bool = False) -> int:
@@ -66,7 +88,7 @@ class _AllGather(torch.autograd.Function):
         return grad[dist.get_rank(ctx.group)], None
 
 
-@torch.compiler.disable
+@_eager
 def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     """``_AllGather`` outside torch.compile's graphs: the collective (and the traffic count) run eagerly
     between the compiled parts, and Dynamo does not retrace it for every shape and rank of ``x``."""
@@ -255,7 +277,7 @@ def _check_packed(cp: ContextParallel, what: str, batch: int, t_local: int) -> N
                          f"{cp.world_size} ranks x {t_local} local tokens = {t_local * cp.world_size}")
 
 
-@torch.compiler.disable
+@_eager
 def agree(cp: ContextParallel, what: str, fields: dict[str, int]) -> None:
     """Exchange ``fields`` (ints) between the ranks; the same ValueError on every rank where they differ."""
     values = torch.tensor([zlib.crc32(what.encode()), *fields.values()], dtype=torch.int64)
@@ -416,7 +438,7 @@ def next_tokens(cp: ContextParallel, ids: torch.Tensor, fill: int) -> torch.Tens
     return torch.cat(pieces, dim=1)
 
 
-@torch.compiler.disable
+@_eager
 def all_reduce_sum(cp: ContextParallel, x: torch.Tensor) -> torch.Tensor:
     """The sum over the ranks of ``x`` (not differentiable: counts and reported values)."""
     out = x.detach().clone()
@@ -536,7 +558,7 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 
-@torch.compiler.disable
+@_eager
 def _ring_attention(cp: ContextParallel, q, k, v, causal: bool, scale: float, softcap: float, path: str):
     """``_RingAttention`` outside torch.compile's graphs (its point-to-point exchanges run eagerly)."""
     return _RingAttention.apply(q, k, v, cp, causal, scale, softcap, path)
