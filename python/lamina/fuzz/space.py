@@ -216,7 +216,10 @@ def _attention(rng: random.Random, lim: Limits) -> dict:
                   "scale": None if rng.random() < 0.7 else round(rng.uniform(0.05, 1.0), 4)}
     if rng.random() < 0.3:
         n = rng.randint(2, 4)
-        long = lambda: rng.randint(1, max(lim.max_t // n, 1))  # noqa: E731
+
+        def long() -> int:
+            return rng.randint(1, max(lim.max_t // n, 1))
+
         case.update(B=1, T=None, S=None, **{key: _nonempty(rng, [_short_length(rng.random(), long) for _ in range(n)])
                                             for key in ("lens_q", "lens_k")})
     else:
