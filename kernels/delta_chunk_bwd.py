@@ -71,8 +71,11 @@ each exponent is ``G_i - G_j`` with ``i >= j``, never positive, so gates down to
 finite at any T. ``DeltaTuning.channel_dots`` forms the same intra-chunk products with tensor cores between
 16-row sub-blocks, every factor's exponent still ``<= 0``. Scalar decay (DECAY_SCALAR) and none (DECAY_NONE)
 use matrix products with a ``[BT, BT]`` decay mask. Log decays are assumed ``<= 0`` (decays in [0, 1]);
-``load_gate`` floors them at ``LOG_DECAY_FLOOR`` (-inf included), and ``dg`` at a floored one is the gradient
-at the floor (the PyTorch path's clamp gives 0 there; the float64 token loop's is 0 at -inf).
+``load_gate`` floors them at ``LOG_DECAY_FLOOR`` (-inf included), and ``dg`` at a floored one is 0, as the
+PyTorch path's clamp gives (``floor_grad``; the float64 token loop's is within ``exp(-40)`` of 0 there), also
+through a raw gate's activation (``gate_input_grads``), where the rounding left in a floored token's ``dg``
+would reach ``dA_log`` multiplied by the log decay itself (at a raw gate of 1e6, errors of about 1e-2 of
+``dA_log``'s RMS against the float64 token loop).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from lamina.kernels.delta_chunk_common import (
     activated_beta,
     beta_grad_factor,
     chunk_rows,
-    gate_decay_grads,
+    floor_grad,
+    gate_input_grads,
     gate_params,
     load_gate,
     load_rows,
@@ -206,27 +207,30 @@ def _delta_chunk_bwd_dqk_kernel(
             # in the reverse cumulative sum.
             dG = q_t * dq_h + e_t * de_h - k_t * dk_h
             dG += tl.where((o_t == BT - 1)[:, None], last[None, :], 0.0)
-            # the gradient of the log decay; of a raw gate input (GATE_ACT) through the activation, with
-            # the activation's A_log term in dg_a (the launcher sums it)
+            # the gradient of the log decay (none below the floor: floor_grad); of a raw gate input (GATE_ACT)
+            # through the activation, with the activation's A_log term in dg_a (the launcher sums it)
             if DECAY == DECAY_CHANNEL:
                 g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
                 dg_t = tl.cumsum(dG, 0, reverse=True)
+                g_t = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
                 if GATE_ACT != ACT_NONE:
                     a, bias = gate_params(A_log, dt_bias, i_hv, i_hv * K + k0 + o_k[None, :],
                                           ((k0 + o_k) < K)[None, :])
-                    d_x, d_a = gate_decay_grads(load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K), a, bias,
-                                                lower_bound, GATE_ACT)
-                    tl.store(dg_a + g_offs, dg_t * d_a, mask=tile_mask)
-                    dg_t = dg_t * d_x
+                    dg_t, dg_at = gate_input_grads(dg_t, g_t, a, bias, lower_bound, GATE_ACT)
+                    tl.store(dg_a + g_offs, dg_at, mask=tile_mask)
+                else:
+                    dg_t = floor_grad(dg_t, g_t)
                 tl.store(dg + g_offs, dg_t.to(dg.dtype.element_ty), mask=tile_mask)
             else:
                 part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
                 dg_t = tl.cumsum(tl.sum(dG, 1), 0, reverse=True)
+                g_t = load_vec(g + i_hv, t0, L, HV, o_t)
                 if GATE_ACT != ACT_NONE:
                     a, bias = gate_params(A_log, dt_bias, i_hv, i_hv, True)
-                    d_x, d_a = gate_decay_grads(load_vec(g + i_hv, t0, L, HV, o_t), a, bias, lower_bound, GATE_ACT)
-                    tl.store(dg_a + part, dg_t * d_a, mask=row_mask)
-                    dg_t = dg_t * d_x
+                    dg_t, dg_at = gate_input_grads(dg_t, g_t, a, bias, lower_bound, GATE_ACT)
+                    tl.store(dg_a + part, dg_at, mask=row_mask)
+                else:
+                    dg_t = floor_grad(dg_t, g_t)
                 tl.store(dg + part, dg_t, mask=row_mask)
 
     qk_offs = (rows64 * (H * K) + i_h * K)[:, None] + (k0 + o_k)[None, :]

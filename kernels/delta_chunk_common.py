@@ -6,7 +6,7 @@
   directions (the ``h`` tensor of chunk-start states is indexed by it).
 * ``DecayKind`` / ``GateKind``: the compile-time flags of the kernel family, read off the
   shapes of ``g``, ``b`` and ``w``.
-* ``GateAct`` / ``GateInput`` (host) and ``gate_decay`` / ``gate_decay_grads`` / ``activated_gate``
+* ``GateAct`` / ``GateInput`` (host) and ``gate_decay`` / ``gate_input_grads`` / ``floor_grad`` / ``activated_gate``
   (``@triton.jit``): the gate activation of fla's ``use_gate_in_kernel``, applied where the kernels load
   ``g``, forward and backward.
 * ``tile_ptrs`` / ``load_tile`` / ``load_rows`` / ``store_tile`` / ``load_vec`` and ``load_gate``
@@ -319,15 +319,27 @@ def gate_decay(x, a_log, bias, lower_bound, ACT: tl.constexpr):
 
 
 @triton.jit
-def gate_decay_grads(x, a_log, bias, lower_bound, ACT: tl.constexpr):
-    """``(d decay / d x, d decay / d a_log)`` of ``gate_decay`` (``dt_bias``'s is ``x``'s); ACT is not NONE."""
+def floor_grad(dg, log_decay):
+    """The gradient of ``log_decay`` from ``dg``, that of its floored value: none below ``LOG_DECAY_FLOOR``,
+    where the floor is a constant (as the PyTorch path's clamp; the float64 token loop's gradient there is
+    within ``exp(-40)`` of 0). NaN kept. Without it, the rounding left in ``dg`` at a floored token reaches a
+    raw gate's ``A_log`` multiplied by the (unbounded) log decay itself."""
+    return tl.where(log_decay < LOG_DECAY_FLOOR_C, 0.0, dg)
+
+
+@triton.jit
+def gate_input_grads(dg, x, a_log, bias, lower_bound, ACT: tl.constexpr):
+    """``(d x, d a_log)`` of ``gate_decay``'s raw input ``x`` from ``dg``, the gradient of the floored log
+    decay (``dt_bias``'s is ``x``'s; ``floor_grad`` at the floor); ACT is not NONE."""
     z = x + bias
     e = tl.exp(a_log)
     if ACT == ACT_SOFTPLUS:
-        return -e * tl.sigmoid(z), -e * _softplus(z)
+        decay = -e * _softplus(z)  # also d decay / d a_log
+        dg = floor_grad(dg, decay)
+        return dg * (-e * tl.sigmoid(z)), dg * decay
     else:
         s = tl.sigmoid(e * z)
-        d_x = lower_bound * s * (1.0 - s) * e
+        d_x = floor_grad(dg, lower_bound * s) * (lower_bound * s * (1.0 - s) * e)
         return d_x, d_x * z
 
 
