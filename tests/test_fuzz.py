@@ -203,6 +203,7 @@ def test_space_covers_the_options():
     for key in ("initial_state", "output_final_state", "l2norm", "gate_in_kernel", "beta_sigmoid",
                 "allow_neg_eigval", "state_v_first", "gk", "dt_bias", "resets"):
         assert any(c[key] for c in drawn), key
+    assert any(c["resets"] and c["gate_in_kernel"] for c in drawn)  # raw gates of 1e6
     assert any(c["lens"] and 1 in c["lens"] for c in drawn) and any(c["T"] == 1 for c in drawn)
     assert any(c["lens"] and 0 in c["lens"] for c in drawn)  # an empty sequence in the pack
     assert all(sum(c["lens"]) > 0 for c in drawn if c["lens"])
@@ -319,6 +320,25 @@ def test_cases_with_resets_pass_and_find_the_missing_floor(monkeypatch, op):
     monkeypatch.setattr("lamina.ops.delta_rule_cpu.LOG_DECAY_FLOOR", float("-inf"))
     with pytest.raises(AssertionError):
         delta.check_delta(case)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])
+def test_raw_gates_with_resets_pass_on_the_kernels(op):
+    """A case with ``resets`` and ``use_gate_in_kernel`` has raw gates of 1e6 among its inputs (log decays of
+    about -1e6 exp(A_log), which the chunked kernels floor) and passes on the Triton kernels, the raw gate's,
+    A_log's and dt_bias's gradients included (through the floor none reaches them; before, dA_log carried the
+    floored tokens' rounding times 1e6)."""
+    from lamina.fuzz import delta
+    from lamina.fuzz.common import Draw
+
+    case = space.draw_case(op, 7, 0, backend="triton", interpret=True)
+    case.update(g=True, gate_in_kernel=True, lower_bound=None, dt_bias=True, gk=False, gate_strength="moderate",
+                resets=True, H=1, ratio=2, B=2, T=40, lens=None, chunk_size=16, grad=True, dtype="float32",
+                tuning=None)
+    x = delta._masters(case, Draw(case["seed"]))  # the inputs check_delta draws
+    assert (x["g"] == 1e6).any() and (x["g"] < 1e6).any()
+    delta.check_delta(case)
 
 
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda"])

@@ -105,6 +105,8 @@ def _masters(case: dict, draw: Draw) -> dict[str, torch.Tensor | None]:
     if case["g"]:
         if case["gate_in_kernel"]:
             x["g"] = draw.randn(*g_shape)
+            if case.get("resets", False):
+                x["g"] = x["g"].masked_fill(draw.rand(*g_shape) < RESET_SHARE, 1e6)
             strong = case["gate_strength"] == "extreme"
             x["A_log"] = torch.log(draw.rand(HV) * (15.0 if strong else 0.9) + (1.0 if strong else 0.1))
             if case["dt_bias"]:
@@ -475,7 +477,9 @@ def _decay_scales(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list
     those sizes times its element's derivative of the log decay, compared at the RMS of their
     root-sum-squares (``reduction_scale(rms=True)``; the largest would loosen dt_bias, of H x K
     elements, by its peak-to-RMS ratio). The later tokens
-    of the chunk that the reverse cumulative sum adds are left out, which leaves the scale smaller."""
+    of the chunk that the reverse cumulative sum adds are left out, which leaves the scale smaller. An element below
+    the chunked forms' floor has no terms: no gradient passes the floor (``floor_grad`` in
+    kernels/delta_chunk_common.py; the PyTorch path's clamp), so its rounding reaches no input."""
     size = decay_term_sizes(case, r, cu, cotangents)
     decay = _log_decay(case, r)
 
@@ -486,7 +490,7 @@ def _decay_scales(case: dict, r: dict, cu: torch.Tensor | None, cotangents: list
     # each input broadcast to the decay's shape, so that every element of it reaches one element of the decay
     full = {n: r[n].reshape(laid(n)).expand(decay.shape).clone().requires_grad_() for n in names}
     decay = _log_decay(case, r | full)
-    decay.backward(torch.ones_like(decay))
+    decay.backward((decay >= LOG_DECAY_FLOOR).to(decay.dtype))
     return {n: reduction_scale(size * full[n].grad, laid(n), rms=True) for n in names}
 
 

@@ -64,7 +64,8 @@ DELTA_SPECS: dict[str, DeltaSpec] = {
 # How hard the decay is: "mild" logsigmoid(x + 4) (about -0.02), "moderate" logsigmoid(x),
 # "extreme" uniform in [-20, 0] (whole chunks decay to exp(-20 * 64)).
 GATE_STRENGTHS = ("mild", "moderate", "extreme")
-# With a case's ``resets``, this share of its log decays' elements is -inf.
+# With a case's ``resets``, this share of its log decays' elements is -inf (of a raw gate input's: 1e6, whose
+# activation is far below the chunked forms' floor).
 RESET_SHARE = 0.05
 
 
@@ -187,9 +188,10 @@ def _delta(op: str, rng: random.Random, lim: Limits) -> dict:
     case["beta"] = spec.gates == "bw" or rng.random() < 0.85  # False: beta=None (ones)
     case["beta_sigmoid"] = spec.beta_sigmoid and case["beta"] and rng.random() < 0.4
     case["allow_neg_eigval"] = case["beta_sigmoid"] and rng.random() < 0.4
-    # log decays of -inf (decays of 0: the state forgotten there) among the drawn ones (RESET_SHARE of them), in a
-    # log decay given as it is (not a raw gate input, whose activation cannot reach -inf from a finite value)
-    case["resets"] = bool((case["g"] and not case["gate_in_kernel"]) or case["gk"]) and rng.random() < 0.2
+    # decays of 0 (the state forgotten there) among the drawn ones (RESET_SHARE of them): log decays of -inf, raw gate
+    # inputs of 1e6 (a log decay of about -1e6 exp(A_log), which the chunked forms floor; with lower_bound, a decay
+    # of exp(lower_bound))
+    case["resets"] = bool(case["g"] or case["gk"]) and rng.random() < 0.2
     return case
 
 
