@@ -342,6 +342,7 @@ def test_no_gradient_below_the_log_decay_floor(variant, raw_gate):
     most), and the floored tokens' gate gradient is exactly 0, the floor's (a clamp's), as on the PyTorch path.
     Without the floor's zero gradient, the rounding left in the floored tokens' gradient reaches A_log multiplied
     by the log decay itself: an RMS error ratio of 7e-3 (gdn) and 1.3e-2 (kda) in dA_log here, against 2e-5."""
+    from lamina.fuzz.delta import gate64
     from lamina.reference import delta_rule_family_recurrent_ref
 
     t, floored = 40, [(5, 1), (20, 1)]  # one in the first chunk of 16, one in the second
@@ -367,10 +368,8 @@ def test_no_gradient_below_the_log_decay_floor(variant, raw_gate):
             gate = dict(use_gate_in_kernel=True, A_log=a_, dt_bias=bias_) if raw_gate else {}
             o, s = op(q_, k_, v_, g_, beta_, initial_state=h0_, output_final_state=True, chunk_size=16,
                       backend="triton", **gate)
-        else:  # fla's gate written out, then the token loop, which takes every log decay as it is
-            bias = bias_.view(HV, -1).squeeze(-1) if variant == "gdn" else bias_.view(HV, K)
-            log_decay = -a_.exp().view(HV, *((1,) if variant == "kda" else ())) * F.softplus(g_ + bias) \
-                if raw_gate else g_
+        else:  # the fuzzer's float64 gate (fla's formula), then the token loop, which takes every log decay as it is
+            log_decay = gate64(g_, a_, bias_, None) if raw_gate else g_
             o, s = delta_rule_family_recurrent_ref(q_, k_, v_, g=log_decay, erase=beta_, write=beta_, scale=K ** -0.5,
                                                    initial_state=h0_, output_final_state=True)
         ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
