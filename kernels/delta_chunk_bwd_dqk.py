@@ -212,14 +212,16 @@ def _delta_chunk_bwd_dqk_kernel(
             if DECAY == DECAY_CHANNEL:
                 g_offs = (rows64 * (HV * K) + i_hv * K)[:, None] + (k0 + o_k)[None, :]
                 dg_t = tl.cumsum(dG, 0, reverse=True)
-                g_t = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
                 if GATE_ACT != ACT_NONE:
+                    g_t = load_rows(g, t0, L, HV * K, i_hv * K, k0, o_t, o_k, K)
                     a, bias = gate_params(A_log, dt_bias, i_hv, i_hv * K + k0 + o_k[None, :],
                                           ((k0 + o_k) < K)[None, :])
                     dg_t, dg_at = gate_input_grads(dg_t, g_t, a, bias, lower_bound, GATE_ACT)
                     tl.store(dg_a + g_offs, dg_at, mask=tile_mask)
                 else:
-                    dg_t = floor_grad(dg_t, g_t)
+                    # the log decay read through dg's offsets (g is shaped as dg here): with load_rows' pointers
+                    # the fp32 GDN-2 kernel spilled on sm_90 under Triton 3.6 (1 STL, K = 64 to 512)
+                    dg_t = floor_grad(dg_t, tl.load(g + g_offs, mask=tile_mask, other=0.0))
                 tl.store(dg + g_offs, dg_t.to(dg.dtype.element_ty), mask=tile_mask)
             else:
                 part = i_k.to(tl.int64) * NTOK * HV + rows64 * HV + i_hv
