@@ -56,8 +56,12 @@ Kernels (no atomics anywhere, so two runs are bitwise equal):
    fp32 activations).
    It swaps ``Qg^T dO`` for ``dH`` in the chunk's slot, overwrites ``P^T dO`` with ``dR``, and
    writes ``dinitial_state`` at the end. Only three products per chunk stay on this sequential path.
+   With ``bwd_tiles``'s ``store_dh`` off (``DeltaTuning.store_dh``) it leaves ``Qg^T dO`` in the slot and
+   writes what kernel 3 needs of ``dH`` instead: its products with the chunk, ``U dH^T`` and
+   ``rowsum(dH * S0)``, as partial sums over its V block (``dh_chunk_products``), two more products per chunk.
 3. ``_delta_chunk_bwd_dqk_kernel`` (chunk x qk head x K block): per value head, first the products
-   with ``S0`` and ``dH`` over V blocks (the inter-chunk parts of ``dq``, ``dE``, ``dk``), then ``dP``
+   with ``S0`` and ``dH`` over V blocks (the inter-chunk parts of ``dq``, ``dE``, ``dk``; those with ``dH``
+   the sum of kernel 2's partials without ``store_dh``), then ``dP``
    and ``dM`` over V blocks with their intra-chunk products added on (one ``[BT, BT]`` tile at a time
    without per-channel decay), then ``db`` and ``dg``. One program loops over the value heads sharing
    a qk head (GVA), so ``dq`` and ``dk`` are summed in registers.
@@ -88,12 +92,13 @@ from lamina._validate import check_cu_seqlens, check_shape, check_tensor
 from lamina.kernels._utils import cdiv, fp_fusion
 from lamina.kernels.delta_chunk_bwd_dqk import _delta_chunk_bwd_dqk_kernel
 from lamina.kernels.delta_chunk_bwd_parts import (
+    chunk_dh_block,
+    dh_chunk_products,
     gated_gram,
     gated_gram_t_dots,
     load_state_tile,
     scan_operands,
     state_block_io,
-    swap_state_block,
 )
 from lamina.kernels.delta_chunk_bwd_tiles import (
     NUM_STAGES,
@@ -278,13 +283,13 @@ def _delta_chunk_bwd_prep_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT", "NTOK"])
 def _delta_chunk_bwd_dh_kernel(
-    k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0,
+    k, v, g, b, w, dht, A_buf, dh_buf, dR_buf, dv, dw, dh0, h, U_buf, dkh_part, dgc_part,
     cu_seqlens, chunk_offsets, A_log, dt_bias, lower_bound, T, NT, NTOK,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, USE_FINAL_STATE_GRADIENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DH_IN_MEMORY: tl.constexpr, GATE_ACT: tl.constexpr, BETA_ACT: tl.constexpr,
+    DH_IN_MEMORY: tl.constexpr, GATE_ACT: tl.constexpr, BETA_ACT: tl.constexpr, STORE_DH: tl.constexpr,
 ):
     # dH is held as a tuple of NKB (at most four) [BK, BV] row blocks of the [K, BV] column block, each
     # chunk's loops over it unrolled (static_range), so that every [BT, K] operand is formed BK columns at a
@@ -292,6 +297,8 @@ def _delta_chunk_bwd_dh_kernel(
     # DH_IN_MEMORY (K > 128 or fp32 by default): dH lives in ``dh0`` instead (float32 [N, HV, K, V], filled
     # with the final state's gradient by the launcher), and each chunk loops over its key blocks twice, reading dH for
     # dU and updating it after dR; what this program stores there only it reads back (its V columns).
+    # Each chunk's dH goes to the dqk kernel through its dh_buf slot (STORE_DH), or as its products with the chunk,
+    # partial sums over this program's V columns (dh_chunk_products).
     NKB: tl.constexpr = (K + BK - 1) // BK
     tl.static_assert(DH_IN_MEMORY or NKB <= 4, "the scan holds at most four key blocks in registers")
     i_nh = tl.program_id(0)
@@ -324,9 +331,17 @@ def _delta_chunk_bwd_dh_kernel(
             dh_blocks = dh_blocks + (dh,)
 
     for i_t in range(n_chunks - 1, -1, -1):
-        chunk_state = ((c0 + i_t) * HV + i_hv) * (K * V)
+        chunk_head = (c0 + i_t) * HV + i_hv
+        chunk_state = chunk_head * (K * V)
         t0 = bos + i_t * BT
         L = eos - t0
+        if DH_IN_MEMORY and not STORE_DH:
+            # a loop of their own: in the first loop below, next to its gate operands, KDA's (then in the transposed
+            # form) spilled on sm_90 (16-bit K = 256 and 512: 5 STL; fp32 K = 64: 3 STL, Triton 3.9)
+            for k0 in range(0, K, BK):
+                dh_chunk_products(h, U_buf, dkh_part, dgc_part, chunk_head, i_hv, i_v, t0, L, k0, o_t, o_k, o_v,
+                                  load_state_tile(dh0, head_state, k0, o_k, o_v, K, V), HV, K, V, DECAY, DT,
+                                  DOT_PRECISION, False)
         # dU = P^T dO (left by the prep kernel in the dR slot, overwritten below) + Kt dH
         val_offs = ((t0 + o_t.to(tl.int64)) * (HV * V) + i_hv * V)[:, None] + o_v[None, :]
         val_mask = (o_t < L)[:, None] & (o_v < V)[None, :]
@@ -338,10 +353,13 @@ def _delta_chunk_bwd_dh_kernel(
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
                 dU += tl.dot(kt, dh.to(DT), input_precision=DOT_PRECISION)
         else:
-            # per key block: Qg^T dO (swapped out of dh_buf for the chunk's dH), E_bar and the decay
+            # per key block: Qg^T dO (out of dh_buf, for the chunk's dH or its products), E_bar and the decay
             qds, egs, dcs = (), (), ()
             for kb in tl.static_range(NKB):
-                qds = qds + (swap_state_block(dh_buf, chunk_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V),)
+                qds = qds + (chunk_dh_block(dh_buf, chunk_state, kb * BK, o_k, o_v, dh_blocks[kb], K, V, STORE_DH),)
+                if not STORE_DH:
+                    dh_chunk_products(h, U_buf, dkh_part, dgc_part, chunk_head, i_hv, i_v, t0, L, kb * BK, o_t, o_k,
+                                      o_v, dh_blocks[kb], HV, K, V, DECAY, DT, DOT_PRECISION, True)
                 kt, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, kb * BK, o_t, o_k, H, HV, K, BT, DECAY,
                                            ERASE, A_log, dt_bias, lower_bound, GATE_ACT, BETA_ACT)
                 egs, dcs = egs + (eg,), dcs + (dc,)
@@ -391,10 +409,11 @@ def _delta_chunk_bwd_dh_kernel(
         # dS0 = Diag(gamma_C) dH + Qg^T dO - Eb^T dR, block by block
         dR_c = dR.to(DT)
         if DH_IN_MEMORY:
-            # the chunk's dH goes to its dh_buf slot (Qg^T dO comes out), and dS0 replaces it in dh0
+            # the chunk's dH (or its products) goes to the dqk kernel (Qg^T dO comes out of dh_buf), and dS0
+            # replaces it in dh0
             for k0 in range(0, K, BK):
                 dh = load_state_tile(dh0, head_state, k0, o_k, o_v, K, V)
-                qd = swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V)
+                qd = chunk_dh_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V, STORE_DH)
                 _, eg, dc = scan_operands(k, b, g, t0, L, i_h, i_hv, k0, o_t, o_k, H, HV, K, BT, DECAY, ERASE,
                                           A_log, dt_bias, lower_bound, GATE_ACT, BETA_ACT)
                 dh = dh * dc + qd - tl.dot(tl.trans(eg), dR_c, input_precision=DOT_PRECISION)
@@ -567,11 +586,17 @@ def delta_chunk_bwd(
         dh0 = dht.float().clone() if dfinal_state is not None else torch.zeros(state_shape, **f32)
     else:
         dh0 = torch.empty(state_shape, **f32) if initial_state is not None else h
+    if tiles.store_dh:  # the dqk kernel reads each chunk's dH from dh_buf
+        dkh_part = dgc_part = dR_buf
+    else:  # the scan's partial sums per V block of dH's products with the chunk: U dH^T and rowsum(dH * S0)
+        dkh_part = torch.empty(ntok, HV, nv, K, **f32)
+        dgc_part = torch.empty(n_chunks, HV, nv, K, **f32) if decay != DecayKind.NONE else dkh_part
     _delta_chunk_bwd_dh_kernel[(N * HV, nv)](
-        k_rows, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0,
+        k_rows, v, g_in, b_in, w_in, dht, A, dh_buf, dR_buf, dv, dw, dh0, h, U_buf, dkh_part, dgc_part,
         cu, offs, **gate_kw, T=T, NT=nt, NTOK=ntok, BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_STATE_GRADIENT=dfinal_state is not None,
-        **dims, **flags, num_warps=tiles.scan_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion())
+        STORE_DH=tiles.store_dh, **dims, **flags, num_warps=tiles.scan_warps, num_stages=NUM_STAGES,
+        enable_fp_fusion=fp_fusion())
 
     nk = cdiv(K, tiles.dqk_bk)
     dq = torch.empty_like(q)
@@ -582,11 +607,11 @@ def delta_chunk_bwd(
           else torch.empty_like(g_in, dtype=torch.float32) if gate is not None else torch.empty_like(g_in))
     dg_a = torch.empty_like(dg) if gate is not None else dg  # the A_log term of each gate gradient
     _delta_chunk_bwd_dqk_kernel[(n_chunks * H, nk)](
-        q_rows, k_rows, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, cu, idx, **gate_kw, dg_a=dg_a,
-        scale=scale, T=T, NT=nt, NTOK=ntok,
+        q_rows, k_rows, g_in, b_in, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, dkh_part, dgc_part, cu, idx,
+        **gate_kw, dg_a=dg_a, scale=scale, T=T, NT=nt, NTOK=ntok, NV=nv,
         BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram, BY_COLUMN=tiles.dqk_by_column,
-        CHANNEL_DOTS=tiles.channel_dots, **dims, **flags, num_warps=tiles.dqk_warps, num_stages=NUM_STAGES,
-        enable_fp_fusion=fp_fusion())
+        CHANNEL_DOTS=tiles.channel_dots, STORE_DH=tiles.store_dh, **dims, **flags, num_warps=tiles.dqk_warps,
+        num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion())
 
     if l2norm_qk:
         dq, dk = _l2norm_rows_grad(dq, q, rq), _l2norm_rows_grad(dk, k, rk)

@@ -45,20 +45,21 @@ from lamina.kernels.delta_chunk_common import (
 GRAM_BV = tl.constexpr(DQK_GRAM_BLOCK_V)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "NTOK"])
+@triton.jit(do_not_specialize=["T", "NT", "NTOK", "NV"])
 def _delta_chunk_bwd_dqk_kernel(
-    q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db,
-    cu_seqlens, chunk_indices, A_log, dt_bias, lower_bound, dg_a, scale, T, NT, NTOK,
+    q, k, g, b, h, do, dh_buf, U_buf, dR_buf, dq, dk, dg, db, dkh_part, dgc_part,
+    cu_seqlens, chunk_indices, A_log, dt_bias, lower_bound, dg_a, scale, T, NT, NTOK, NV,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, WRITE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, REGRAM: tl.constexpr, BY_COLUMN: tl.constexpr, GATE_ACT: tl.constexpr,
-    BETA_ACT: tl.constexpr, CHANNEL_DOTS: tl.constexpr,
+    BETA_ACT: tl.constexpr, CHANNEL_DOTS: tl.constexpr, STORE_DH: tl.constexpr,
 ):
     # Three passes per value head, so that at most three [BT, BK] accumulators and two [BT, BT]
     # tiles are live at once: (1) the products with S0 and dH over V blocks, folded at once into the
     # gradients' inter-chunk parts; (2) dP and dM over V blocks; (3) the intra-chunk products, added
-    # onto the results of (1).
+    # onto the results of (1). Without STORE_DH the scan left dH's products with the chunk (U dH^T and
+    # rowsum(dH * S0)) as NV partial sums, one per V block of its own (dh_chunk_products), which (1) adds up.
     i_ch = tl.program_id(0)
     i_k = tl.program_id(1)
     i_c = i_ch // H
@@ -92,15 +93,24 @@ def _delta_chunk_bwd_dqk_kernel(
         dgc = tl.zeros([BK], dtype=tl.float32)
         for v0 in range(0, V, BV):
             do_t = load_tile(do, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
-            U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
+            if STORE_DH:
+                U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
             dR_t = load_tile(dR_buf, t0, L, HV * V, i_hv * V, v0, o_t, o_bv, V).to(DT)
             S0 = load_state_tile(h, chunk_state, k0, o_k, v0 + o_bv, K, V)
-            dH = load_state_tile(dh_buf, chunk_state, k0, o_k, v0 + o_bv, K, V)
+            if STORE_DH:
+                dH = load_state_tile(dh_buf, chunk_state, k0, o_k, v0 + o_bv, K, V)
             S0_T = tl.trans(S0.to(DT))
             dq_h = tl.dot(do_t, S0_T, dq_h, input_precision=DOT_PRECISION)
             de_h = tl.dot(dR_t, S0_T, de_h, input_precision=DOT_PRECISION)
-            dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
-            dgc += tl.sum(dH * S0, 1)
+            if STORE_DH:
+                dk_h = tl.dot(U_t, tl.trans(dH.to(DT)), dk_h, input_precision=DOT_PRECISION)
+                dgc += tl.sum(dH * S0, 1)
+        if not STORE_DH:
+            chunk_head = i_c.to(tl.int64) * HV + i_hv
+            for i_v in range(NV):
+                dk_h += load_tile(dkh_part, t0, L, HV * NV * K, (i_hv * NV + i_v) * K, k0, o_t, o_k, K)
+                if DECAY != DECAY_NONE:
+                    dgc += tl.load(dgc_part + (chunk_head * NV + i_v) * K + k0 + o_k, mask=(k0 + o_k) < K, other=0.0)
         if DECAY == DECAY_CHANNEL:
             G = load_gate(g, t0, L, i_hv, HV, K, k0, o_t, o_k, DECAY, A_log, dt_bias, lower_bound, GATE_ACT)
             g_last = row_of(G, o_t, BT - 1)

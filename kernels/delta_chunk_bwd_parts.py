@@ -8,7 +8,8 @@ Everything here works on one chunk of ``BT`` tokens held in registers:
 * ``gated_gram_t_dots``, ``gated_row_grads_dots``, ``gated_col_grads_dots``: the same with tensor-core
   products between ``SUB``-row sub-blocks (``DeltaTuning.channel_dots``).
 * ``state_tile_ptrs`` / ``load_state_tile``: a ``[BK, BV]`` block of a ``[K, V]`` state.
-* ``scan_operands``, ``swap_state_block``, ``state_block_io``: per-key-block pieces of the reverse scan.
+* ``scan_operands``, ``swap_state_block``, ``chunk_dh_block``, ``dh_chunk_products``, ``state_block_io``:
+  per-key-block pieces of the reverse scan.
 
 The chunk's tiles (``load_tile``, ``load_rows``, ``load_vec``) and its cumulative log decay (``load_gate``)
 come from kernels/delta_chunk_common.py, which the forward shares.
@@ -29,6 +30,7 @@ import triton.language as tl
 
 from lamina.kernels.delta_chunk_common import (
     DECAY_CHANNEL,
+    DECAY_NONE,
     DECAY_SCALAR,
     GATE_CHANNEL,
     _masked_exp,
@@ -37,6 +39,7 @@ from lamina.kernels.delta_chunk_common import (
     load_rows,
     load_tile,
     load_vec,
+    store_tile,
 )
 
 
@@ -270,6 +273,52 @@ def swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: 
 
 
 @triton.jit
+def chunk_dh_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.constexpr, STORE_DH: tl.constexpr):
+    """Read ``Qg^T dO`` (left by the prep kernel) from rows ``k0 + o_k`` of the chunk's ``dh_buf`` slot, and
+    with ``STORE_DH`` put ``dH``'s block ``dh`` there for the dqk kernel (``swap_state_block``); else the
+    scan gives it dH's products with the chunk instead (``dh_chunk_products``)."""
+    if STORE_DH:
+        dS_q = swap_state_block(dh_buf, chunk_state, k0, o_k, o_v, dh, K, V)
+    else:
+        dS_q = load_state_tile(dh_buf, chunk_state, k0, o_k, o_v, K, V)
+    return dS_q
+
+
+@triton.jit
+def dh_chunk_products(h, U_buf, dkh_part, dgc_part, chunk_head, i_hv, i_v, t0, L, k0, o_t, o_k, o_v, dh,
+                      HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, DECAY: tl.constexpr, DT: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, PRODUCT_RESULT: tl.constexpr):
+    """What the dqk kernel needs of the chunk's ``dH`` (chunk ``chunk_head // HV``, value head ``i_hv``) where
+    the scan does not store it, for ``dH``'s block ``dh`` (rows ``k0 + o_k``, V columns ``o_v``): its products
+    with the chunk, this V block's (``i_v``) partial sums. ``U dH^T`` goes into ``dkh_part``, float32
+    ``[tokens, HV, NV, K]``, and with a decay ``rowsum(dH * S0)`` into ``dgc_part``, ``[chunks, HV, NV, K]``
+    (``NV`` the scan's V blocks).
+
+    With ``PRODUCT_RESULT`` (``dh`` is a product's result, the register scan's) the product is formed
+    transposed, ``dH U^T`` with ``U^T`` read through transposed pointers, so that ``dh`` is not transposed: a
+    product's result through tl.trans into the next product is the Triton 3.4-3.6 Hopper miscompile of fla
+    issue #640 (kernels/delta_chunk_fwd.py). ``dh`` loaded from memory takes ``tl.trans`` as the dqk kernel's
+    does: in the transposed form the in-memory scans of KDA (16-bit K = 256 and 512: 5 STL; fp32 K = 64: 3 STL)
+    or GDN-2 (16-bit K = 256 and 512: 4-5 STL) spilled on sm_90 (static report, Triton 3.9)."""
+    NV = tl.num_programs(1)
+    key_mask = (k0 + o_k) < K
+    if PRODUCT_RESULT:
+        rows = t0 + o_t.to(tl.int64)
+        U_T = tl.load(U_buf + (rows * (HV * V) + i_hv * V)[None, :] + o_v[:, None],
+                      mask=(o_t < L)[None, :] & (o_v < V)[:, None], other=0.0)
+        part_t = tl.dot(dh.to(DT), U_T.to(DT), input_precision=DOT_PRECISION)
+        part_offs = (rows * (HV * NV * K) + (i_hv * NV + i_v) * K)[None, :] + (k0 + o_k)[:, None]
+        tl.store(dkh_part + part_offs, part_t, mask=(o_t < L)[None, :] & key_mask[:, None])
+    else:
+        U_t = load_tile(U_buf, t0, L, HV * V, i_hv * V, 0, o_t, o_v, V)
+        part = tl.dot(U_t.to(DT), tl.trans(dh.to(DT)), input_precision=DOT_PRECISION)
+        store_tile(dkh_part, t0, L, HV * NV * K, (i_hv * NV + i_v) * K, k0, o_t, o_k, K, part)
+    if DECAY != DECAY_NONE:
+        S0 = load_state_tile(h, chunk_head * (K * V), k0, o_k, o_v, K, V)
+        tl.store(dgc_part + (chunk_head * NV + i_v) * K + k0 + o_k, tl.sum(dh * S0, 1), mask=key_mask)
+
+
+@triton.jit
 def state_tile_ptrs(ptr, head_state, k0, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
     """Pointers and mask of rows ``k0 + o_k`` and columns ``o_v`` of the ``[K, V]`` state at
     ``ptr + head_state`` (an int64 element offset)."""
@@ -299,6 +348,7 @@ def state_block_io(ptr, head_state, k0, o_k, o_v, dh, K: tl.constexpr, V: tl.con
 __all__ = [
     "row_of", "col_of",
     "rows_gram", "gated_gram", "gated_intra_grads", "block_sums", "sub_block_column", "gated_gram_t_dots",
-    "gated_row_grads_dots", "gated_col_grads_dots", "scan_operands", "state_tile_ptrs",
+    "gated_row_grads_dots", "gated_col_grads_dots", "scan_operands", "chunk_dh_block", "dh_chunk_products",
+    "state_tile_ptrs",
     "load_state_tile", "swap_state_block", "state_block_io",
 ]

@@ -134,7 +134,9 @@ class BwdTiles(NamedTuple):
     whether the prep kernel forms P^T as a product of its own (``prep_p_product``: a dense decay on Hopper), and
     whether the intra-chunk products of a per-channel decay use tensor cores between 16-row sub-blocks
     (``channel_dots``, ``DeltaTuning.channel_dots``, 16-bit only: the prep kernel's P^T as with ``prep_p_product``,
-    the dqk kernel's transposes as grams of their own on Hopper, as with ``dqk_regram``). fp32 keeps the
+    the dqk kernel's transposes as grams of their own on Hopper, as with ``dqk_regram``), and whether the scan
+stores each chunk's dH for the dqk kernel (``store_dh``; else it writes dH's products with the chunk as partial
+sums per V block, ``DeltaTuning.store_dh``). fp32 keeps the
     column loops: with the products the dqk kernel spilled on sm_90 (static report, K = 64 to 512: 54-55 STL
     under Triton 3.9 and 10 under 3.6; with 16-column key blocks 41-50 under 3.9, and with tl.trans instead of
     the grams 55-59)."""
@@ -150,6 +152,7 @@ class BwdTiles(NamedTuple):
     prep_p_product: bool = False
     dqk_by_column: bool = False
     channel_dots: bool = False
+    store_dh: bool = True
     prep_warps: int = NUM_WARPS
     scan_warps: int = NUM_WARPS
     dqk_warps: int = NUM_WARPS
@@ -188,6 +191,8 @@ def bwd_tiles(K: int, V: int, decay: int, warpgroup_mma: bool, tuning: DeltaTuni
         tiles = tiles._replace(**chosen)
         if tiles.dh_in_memory and decay == DecayKind.CHANNEL:
             tiles = tiles._replace(scan_bv=min(tiles.scan_bv, MEMORY_SCAN_CHANNEL_MAX_BV))
+    if tuning is not None and not tuning.store_dh:
+        tiles = tiles._replace(store_dh=False)
     if tuning is not None and tuning.channel_dots and decay == DecayKind.CHANNEL and not fp32:
         tiles = tiles._replace(channel_dots=True, prep_p_product=True, dqk_regram=warpgroup_mma)
     if fp32 and decay != DecayKind.CHANNEL:

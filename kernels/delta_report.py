@@ -267,10 +267,11 @@ def _bwd_signature(fn, dtype: str, decay: int, erase: int, write: int) -> dict[s
         "q": act, "k": act, "v": act, "do": act, "dv_new": act, "dq": act, "dk": act, "dv": act,
         "g": f32 if decay else act, "b": act, "w": act, "h": f32, "dht": f32, "dh0": f32,
         "U_out": f32, "dU_out": f32, "dh_out": f32, "A_buf": f32, "dh_buf": f32, "U_buf": f32,
-        "dR_buf": f32, "dg": f32, "dg_a": f32, "A_log": f32, "dt_bias": f32, "lower_bound": "fp32",
+        "dR_buf": f32, "dkh_part": f32, "dgc_part": f32, "dg": f32, "dg_a": f32, "A_log": f32, "dt_bias": f32,
+        "lower_bound": "fp32",
         "db": act if erase == GateKind.CHANNEL else f32,
         "dw": act if write == GateKind.CHANNEL else f32,
-        "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32",
+        "scale": "fp32", "T": "i32", "NT": "i32", "NTOK": "i32", "NV": "i32",
     }
     return {name: types.get(name, "constexpr") for name in raw_jit(fn).arg_names}
 
@@ -282,10 +283,10 @@ def _bwd_blocks(fn, tiles: BwdTiles) -> dict:
                                            P_PRODUCT=tiles.prep_p_product, num_warps=tiles.prep_warps),
         _delta_chunk_bwd_dh_kernel: dict(BK=tiles.scan_bk, BV=tiles.scan_bv, DH_IN_MEMORY=tiles.dh_in_memory,
                                          USE_INITIAL_STATE=True, USE_FINAL_STATE_GRADIENT=True,
-                                         num_warps=tiles.scan_warps),
+                                         STORE_DH=tiles.store_dh, num_warps=tiles.scan_warps),
         _delta_chunk_bwd_dqk_kernel: dict(BK=tiles.dqk_bk, BV=tiles.dqk_bv, REGRAM=tiles.dqk_regram,
                                           BY_COLUMN=tiles.dqk_by_column, CHANNEL_DOTS=tiles.channel_dots,
-                                          num_warps=tiles.dqk_warps),
+                                          STORE_DH=tiles.store_dh, num_warps=tiles.dqk_warps),
     }[fn]
 
 

@@ -20,6 +20,13 @@ tested against the float64 reference under the interpreter):
 * ``dh_in_memory``: where the backward's reverse scan keeps dH. None: ``bwd_tiles``'s choice (registers up
   to K = 128, memory above); True: in memory at every K (fewer live registers, two more reads and a write
   of each key block per chunk); False: in registers where they can hold it (K <= 256).
+* ``store_dh``: whether the backward's reverse scan stores each chunk's dH (fp32 ``[K, V]`` per chunk and value
+  head) for the dq/dk kernel. True (the default): it does, and the dq/dk kernel, in parallel over chunks,
+  forms dH's two products with the chunk (``U dH^T``, ``[C, K]``, and ``rowsum(dH * S0)``, ``[K]``); False:
+  the scan forms them itself as each of its V blocks' partial sums, which the dq/dk kernel adds up, and no dH
+  is written or read back. The partials are ``V / scan_bv`` fp32 ``[C, K]`` tiles per chunk, ``C / scan_bv``
+  times dH's size (four times at the default 16 columns and chunks of 64), and the scan does two more products
+  per chunk on its sequential path; the dq/dk kernel does one product fewer.
 * ``state_in_memory``: where the forward's state pass keeps the state. None: ``scan_tiles``'s choice
   (memory for fp32 activations; registers for 16-bit ones, but memory past K = 256 on targets without
   warpgroup products); True: in memory (two reads and a write of each key block per chunk, narrower key
@@ -69,11 +76,12 @@ class DeltaTuning:
     state_in_memory: bool | None = None
     recompute_states: bool = False
     channel_dots: bool = False
+    store_dh: bool = True
 
     def __post_init__(self) -> None:
         if self.solve_block not in SOLVE_BLOCKS:
             raise ValueError(f"delta_tuning: solve_block must be one of {SOLVE_BLOCKS}, got {self.solve_block!r}")
-        for name in ("recompute_states", "channel_dots"):
+        for name in ("recompute_states", "channel_dots", "store_dh"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"delta_tuning: {name} must be a bool, got {getattr(self, name)!r}")
         for name in ("output_kernel", "dh_in_memory", "state_in_memory"):
@@ -106,12 +114,12 @@ class DeltaTuning:
 # The alternatives benchmarks/sweep_delta.py times against the defaults and the static report compiles (as
 # non-default rows, for sm_90): the solve's blocked forms, the separate output kernel, the forward's state
 # in memory, a wider value block for each backward kernel, the reverse scan's dH in memory, the chunk
-# states recomputed by the backward instead of saved by the forward, and the per-channel backward's
-# tensor-core products.
+# states recomputed by the backward instead of saved by the forward, the per-channel backward's
+# tensor-core products, and the scan's dH products in place of dH stored.
 ALTERNATIVES = (DeltaTuning(solve_block=16), DeltaTuning(solve_block=32), DeltaTuning(output_kernel=True),
                 DeltaTuning(state_in_memory=True), DeltaTuning(scan_bv=32), DeltaTuning(dqk_bv=32),
                 DeltaTuning(prep_bv=32), DeltaTuning(dh_in_memory=True), DeltaTuning(recompute_states=True),
-                DeltaTuning(channel_dots=True))
+                DeltaTuning(channel_dots=True), DeltaTuning(store_dh=False))
 # The static report compiles the alternatives for these targets only (the GPU the sweep runs on).
 ALTERNATIVE_ARCHS = (90,)
 

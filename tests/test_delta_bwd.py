@@ -337,6 +337,8 @@ def test_bwd_report_matches_launch():
             want = (getattr(tiles, field[spec.name] + "_bk"), getattr(tiles, field[spec.name] + "_bv"))
             assert (c["BK"], c["BV"]) == want, f"{spec.name} {spec.config} sm_{arch}"
             assert spec.num_warps == getattr(tiles, field[spec.name] + "_warps"), f"{spec.config} sm_{arch}"
+            if spec.name in ("_delta_chunk_bwd_dh_kernel", "_delta_chunk_bwd_dqk_kernel"):
+                assert c["STORE_DH"] == tiles.store_dh, spec.config
             if spec.name == "_delta_chunk_bwd_dh_kernel":
                 assert c["DH_IN_MEMORY"] == tiles.dh_in_memory, spec.config
             if spec.name == "_delta_chunk_bwd_prep_kernel":
@@ -351,6 +353,9 @@ def test_bwd_report_matches_launch():
     assert any(s.constexprs.get("DH_IN_MEMORY") for s in specs), "the scan with dH in memory is in the report"
     normed = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs.get("L2NORM")}
     assert len(normed) == 4, "the prep kernel of every variant has a row with the l2norm fused in"
+    unstored = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if not s.constexprs.get(
+        "STORE_DH", True)}
+    assert len(unstored) == 2 * 4, "the scan and dqk kernels of every variant have rows without dH stored"
     dots = {(s.name, s.constexprs["ERASE"]) for s in specs if s.config.endswith(" channel_dots=True")}
     assert len(dots) == 2 * 2, "the prep and dqk kernels of KDA and GDN-2 have rows with the tensor-core products"
     gated = {(s.name, s.constexprs["DECAY"], s.constexprs["ERASE"]) for s in specs if s.constexprs["GATE_ACT"]}

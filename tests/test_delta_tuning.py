@@ -31,6 +31,22 @@ def test_backward_value_blocks(monkeypatch, kinds, choices):
         want["prep_bv"], want["scan_bv"], want["dqk_bv"], want["dh_in_memory"])
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dh_in_memory", [False, True], ids=["dh_in_registers", "dh_in_memory"])
+@pytest.mark.parametrize("kinds", [DELTANET, GDN, KDA, GDN2], ids=["deltanet", "gdn", "kda", "gdn2"])
+def test_scan_without_stored_dh(monkeypatch, kinds, dh_in_memory, dtype):
+    """``store_dh=False``: the reverse scan, with dH in registers (its products formed transposed) or in memory,
+    writes dH's products with each chunk as partial sums over its V blocks (two or four: V = 64 at the scan's 32
+    or 16 columns), which the dq/dk kernel adds up; every gradient is the float64 reference's, over two sequences of
+    uneven length (the second chunk of each partial), with two value heads per qk head and a padded key block
+    (K = 48)."""
+    used = record_bwd_tiles(monkeypatch)
+    with delta_tuning(store_dh=False, dh_in_memory=dh_in_memory):
+        check_case(*build_case(1, 40, 2, 4, 48, 64, kinds, dtype=dtype, seqlens=[27, 13]))
+    assert [(t.store_dh, t.dh_in_memory, t.scan_bv < 64) for t in used] == [(False, dh_in_memory, True)]
+
+
 def _saved_chunk_states(variant: str, t: int, k_dim: int, v_dim: int, chunk: int) -> int:
     """How many tensors of the chunk states' shape ``[chunks, HV, K, V]`` the op's training forward saves for
     its backward, under the active tuning."""
@@ -78,6 +94,9 @@ def test_tiles_follow_the_tuning():
     # a wider scan block is capped where the in-memory scan with per-channel decay spilled
     assert bwd_tiles(512, 64, 2, True, DeltaTuning(scan_bv=32)).scan_bv == 16
     assert bwd_tiles(512, 64, 1, True, DeltaTuning(scan_bv=32)).scan_bv == 32
+    # dH stored by default; its products from the scan on request, with every block as it was
+    assert default.store_dh and bwd_tiles(128, 128, 2, True, DeltaTuning(store_dh=False)) == default._replace(
+        store_dh=False)
 
 
 def test_tiles_without_warpgroup_products():
@@ -163,6 +182,7 @@ def test_nested_choices_and_restore():
     (dict(dh_in_memory=1), "dh_in_memory must be None or a bool"),
     (dict(output_kernel="auto"), "output_kernel must be None or a bool"),
     (dict(recompute_states=None), "recompute_states must be a bool"),
+    (dict(store_dh=0), "store_dh must be a bool"),
     (dict(block=16), "unknown choices"),
 ])
 def test_bad_choices_raise_by_name(choices, message):
