@@ -135,8 +135,8 @@ class BwdTiles(NamedTuple):
     whether the intra-chunk products of a per-channel decay use tensor cores between 16-row sub-blocks
     (``channel_dots``, ``DeltaTuning.channel_dots``, 16-bit only: the prep kernel's P^T as with ``prep_p_product``,
     the dqk kernel's transposes as grams of their own on Hopper, as with ``dqk_regram``), and whether the scan
-stores each chunk's dH for the dqk kernel (``store_dh``; else it writes dH's products with the chunk as partial
-sums per V block, ``DeltaTuning.store_dh``). fp32 keeps the
+    stores each chunk's dH for the dqk kernel (``store_dh``; else it writes dH's products with the chunk as partial
+    sums per V block, ``DeltaTuning.store_dh``). fp32 keeps the
     column loops: with the products the dqk kernel spilled on sm_90 (static report, K = 64 to 512: 54-55 STL
     under Triton 3.9 and 10 under 3.6; with 16-column key blocks 41-50 under 3.9, and with tl.trans instead of
     the grams 55-59)."""

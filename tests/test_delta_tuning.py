@@ -39,11 +39,11 @@ def test_scan_without_stored_dh(monkeypatch, kinds, dh_in_memory, dtype):
     """``store_dh=False``: the reverse scan, with dH in registers (its products formed transposed) or in memory,
     writes dH's products with each chunk as partial sums over its V blocks (two or four: V = 64 at the scan's 32
     or 16 columns), which the dq/dk kernel adds up; every gradient is the float64 reference's, over two sequences of
-    uneven length (the second chunk of each partial), with two value heads per qk head and a padded key block
-    (K = 48)."""
+    27 and 13 tokens in chunks of 16 (the scan's recurrence over a full chunk and a partial one, then a partial one
+    alone), with two value heads per qk head and a padded key block (K = 48)."""
     used = record_bwd_tiles(monkeypatch)
     with delta_tuning(store_dh=False, dh_in_memory=dh_in_memory):
-        check_case(*build_case(1, 40, 2, 4, 48, 64, kinds, dtype=dtype, seqlens=[27, 13]))
+        check_case(*build_case(1, 40, 2, 4, 48, 64, kinds, dtype=dtype, seqlens=[27, 13]), chunk_size=16)
     assert [(t.store_dh, t.dh_in_memory, t.scan_bv < 64) for t in used] == [(False, dh_in_memory, True)]
 
 
