@@ -620,10 +620,11 @@ def test_triton_path_rejects_float64():
 
 
 def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int, heads: tuple[int, int] = (H, HV),
-                                   **kwargs) -> None:
+                                   dtype: torch.dtype = torch.float32, **kwargs) -> None:
     """The Triton path through the op's autograd (``kwargs`` to the op), output, final state and every
-    gradient against autograd through the float64 torch path, on the same inputs; ``heads``: (q/k heads,
-    value heads)."""
+    gradient against autograd through the float64 torch path, on the same inputs (q, k, v and the betas rounded
+    to ``dtype``, the Triton path's activations; the log decay, the initial state and the upstream gradients
+    float32, as fla takes them), each at ``dtype``'s tolerance; ``heads``: (q/k heads, value heads)."""
     H, HV = heads
     q, k = rand(B, t, H, k_dim, seed=40), rand(B, t, H, k_dim, seed=41)
     v = rand(B, t, HV, v_dim, seed=42)
@@ -632,21 +633,24 @@ def check_training_against_float64(variant: str, t: int, k_dim: int, v_dim: int,
     w = torch.rand(B, t, HV, v_dim, generator=torch.Generator().manual_seed(45))
     h0 = rand(B, HV, k_dim, v_dim, seed=46)
     do, ds = rand(B, t, HV, v_dim, seed=47), rand(B, HV, k_dim, v_dim, seed=48)
+    q, k, v, b, w = (x.to(dtype).float() for x in (q, k, v, b, w))
     results = []
-    for dtype, backend in ((torch.float32, "triton"), (torch.float64, "torch")):
-        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, g, b, w, h0)]
+    for run_dtype, backend in ((dtype, "triton"), (torch.float64, "torch")):
+        wide = torch.promote_types(run_dtype, torch.float32)
+        leaves = [x.detach().to(wide if x is g or x is h0 else run_dtype).requires_grad_()
+                  for x in (q, k, v, g, b, w, h0)]
         o, s = CALLS[variant](*leaves[:6], initial_state=leaves[6], output_final_state=True,
                               use_qk_l2norm_in_kernel=True, backend=backend, **kwargs)
-        ((o * do.to(dtype)).sum() + (s * ds.to(dtype)).sum()).backward()
+        ((o * do.to(o.dtype)).sum() + (s * ds.to(s.dtype)).sum()).backward()
         results.append((o, s, leaves))
     (o, s, got), (o64, s64, want) = results
-    assert_close("o", o, o64)
-    assert_close("final_state", s, s64)
+    assert_close("o", o, o64, dtype=dtype)
+    assert_close("final_state", s, s64, dtype=dtype)
     for name, a, e in zip(["q", "k", "v", "g", "b", "w", "initial_state"], got, want):
         if e.grad is None:
             assert a.grad is None, name
             continue
-        assert_close(f"d{name}", a.grad, e.grad)
+        assert_close(f"d{name}", a.grad, e.grad, dtype=dtype)
 
 
 @pytest.mark.grid

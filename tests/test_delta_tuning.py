@@ -191,14 +191,26 @@ def test_bad_choices_raise_by_name(choices, message):
     assert active_tuning() == DeltaTuning()
 
 
+# (K, V) of the alternatives' head-dim matrix: K = V up to 128 (48: padded blocks), then 256 and 512 for one
+# of the two with the other narrow (the backward's in-memory scan; K = V = 512 takes about 190 s per case here).
+ALTERNATIVE_DIMS = [(16, 16), (48, 48), (64, 64), (128, 128), (256, 32), (32, 256), (512, 32), (32, 512)]
+# Each alternative with each variant it changes (channel_dots: the two with a per-channel decay).
+ALTERNATIVE_VARIANTS = [pytest.param(tuning, variant, id=f"{tuning.label()}-{variant}") for tuning in ALTERNATIVES
+                        for variant in ("delta", "gdn", "kda", "gdn2")
+                        if not tuning.channel_dots or variant in ("kda", "gdn2")]
+
+
 @pytest.mark.slow
 @pytest.mark.interpret
-@pytest.mark.parametrize("tuning", ALTERNATIVES, ids=lambda t: t.label())
-def test_every_alternative_at_keys_of_512(tuning):
-    """Each alternative through GDN-2's op at K = 512 over two chunks (forward with saved states, the
-    backward's in-memory scan) against the float64 torch path. About 40 s each here."""
+@pytest.mark.parametrize("dims", ALTERNATIVE_DIMS, ids=lambda d: f"K{d[0]}-V{d[1]}")
+@pytest.mark.parametrize("tuning, variant", ALTERNATIVE_VARIANTS)
+def test_every_alternative_variant_and_head_dim(tuning, variant, dims):
+    """Each alternative through each variant's op it changes at every (K, V) of ``ALTERNATIVE_DIMS``, bf16 (the
+    activations a GPU runs: fp32 takes other tiles, where some alternatives are its defaults and
+    ``channel_dots`` does not apply), 70 tokens in a full chunk and a partial one, with an initial state and the
+    l2norm of q and k: output, final state and every gradient against the float64 torch path."""
     with delta_tuning(**tuning.choices()):
-        check_training_against_float64("gdn2", 70, 512, 16)
+        check_training_against_float64(variant, 70, *dims, dtype=torch.bfloat16)
 
 
 @pytest.mark.interpret
