@@ -10,6 +10,7 @@ from test_delta_bwd import DELTANET, GDN, GDN2, KDA, build_case, check_case, rec
 from test_delta_ops import CALLS, HV, H, check_training_against_float64, rand
 
 from lamina.kernels.delta_chunk_bwd_tiles import bwd_tiles
+from lamina.kernels.delta_chunk_common import VARIANT_FLAGS, DecayKind
 from lamina.kernels.delta_chunk_fwd import scan_tiles
 from lamina.kernels.delta_tuning import ALTERNATIVES, DeltaTuning, active_tuning, delta_tuning
 
@@ -194,10 +195,10 @@ def test_bad_choices_raise_by_name(choices, message):
 # (K, V) of the alternatives' head-dim matrix: K = V up to 128 (48: padded blocks), then 256 and 512 for one
 # of the two with the other narrow (the backward's in-memory scan; K = V = 512 takes about 190 s per case here).
 ALTERNATIVE_DIMS = [(16, 16), (48, 48), (64, 64), (128, 128), (256, 32), (32, 256), (512, 32), (32, 512)]
-# Each alternative with each variant it changes (channel_dots: the two with a per-channel decay).
+# Each alternative with each variant it changes (channel_dots: those with a per-channel decay).
 ALTERNATIVE_VARIANTS = [pytest.param(tuning, variant, id=f"{tuning.label()}-{variant}") for tuning in ALTERNATIVES
-                        for variant in ("delta", "gdn", "kda", "gdn2")
-                        if not tuning.channel_dots or variant in ("kda", "gdn2")]
+                        for variant, (decay, _, _) in VARIANT_FLAGS.items()
+                        if not tuning.channel_dots or decay == DecayKind.CHANNEL]
 
 
 @pytest.mark.slow
