@@ -66,7 +66,6 @@ setup(
             "pytest-xdist",
             "hypothesis",
             "pytest-benchmark",
-            "numpy<2.4",  # the Triton interpreter fails on runtime-bound loops with numpy 2.4
             "fla-core==0.6.0",
             # fla's layers and models (tests/test_fla_*.py compare lamina's layers with them); transformers
             # pinned: from some 5.x release on, generate() passes the cache as `cache=`, which fla 0.6's models

@@ -21,6 +21,12 @@ is patched, and what the launch restores, is unchanged.
 interpreter builds a dict of 19 types on every call. We look it up in a table filled once per type
 (test_training_with_keys_of_512[delta] with test_separate_output_kernel[gdn], one process, Triton 3.9, run
 twice: 37.2 s and 39.5 s before, 32.3 s and 33.7 s with it).
+
+A tensor used as an integer (``range(n)`` with ``n`` loaded or computed from ``tl.program_id``): Triton
+3.6's interpreter converts it with ``int(data)``, where ``data`` is a one-element NumPy array of one
+dimension. NumPy 1.25 to 2.3 warn about that conversion, and NumPy 2.4 refuses it (TypeError), so every
+kernel with a runtime loop bound failed under 3.6's interpreter with NumPy 2.4 (tests/test_delta_fwd.py:
+75 of 79 failed). Triton 3.9 squeezes the array first; we convert as 3.9 does, under every version.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ def apply_fixes() -> None:
     interp.InterpreterBuilder.cast_impl = cast_impl
     _patch_language_once_per_launch(interp)
     _np_dtype_by_name(interp)
+    _index_from_one_element(interp)
     _APPLIED = True
 
 
@@ -133,3 +140,16 @@ def _np_dtype_by_name(interp) -> None:
 
     get_np_dtype.__wrapped__ = original
     interp._get_np_dtype = get_np_dtype
+
+
+def _index_from_one_element(interp) -> None:
+    """``tensor.__index__`` of the interpreter's language patch reads the one element of a 1-d array."""
+    original = interp._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        # the scope restores in reverse order: this first, then the original's own patch
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+    patch_lang_tensor.__wrapped__ = original
+    interp._patch_lang_tensor = patch_lang_tensor

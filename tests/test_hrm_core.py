@@ -11,8 +11,6 @@ from lamina.layers.hrm import HRMCore, HRMGatedUpdate
 from lamina.reference.hrm import hrm_gated_update_ref
 from tests.tolerances import assert_close
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
 D = 16
 
 

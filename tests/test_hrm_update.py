@@ -12,10 +12,6 @@ from tests.tolerances import assert_close
 
 LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
-# The interpreter converts the persistent loop's tensor bounds to ints through a numpy path that
-# numpy 1.25+ flags as deprecated; harmless here (numpy < 2.4 is pinned for the interpreter).
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
 
 def make_inputs(shape, gate, bias, norm, dtype, param_dtype=torch.float32, seed=0, device="cpu"):
     """h, c, gate logits in ``dtype``; bias and norm weight in ``param_dtype`` (as a module keeps them)."""

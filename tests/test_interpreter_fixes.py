@@ -1,5 +1,5 @@
 """lamina.kernels._interpreter: device-function calls patch the language modules once per launch; the NumPy
-type of a Triton type comes from a table."""
+type of a Triton type comes from a table; a tensor used as an integer converts as NumPy 2.4 allows."""
 
 from __future__ import annotations
 
@@ -130,3 +130,27 @@ def test_numpy_types_of_triton_types_are_the_interpreters():
     assert get(tl.pointer_type(tl.int8)) == np.uint64
     with pytest.raises(KeyError):  # a type the interpreter has no NumPy type for raises as it did
         get(tl.void)
+
+
+@triton.jit
+def _runtime_bound_kernel(n_ptr, y_ptr, N: tl.constexpr):
+    pid = tl.program_id(0)
+    for i in range(tl.load(n_ptr + pid)):  # the bound is a tensor: the interpreter takes its __index__
+        tl.store(y_ptr + pid * N + i, i + 1.0)
+
+
+# NumPy 1.25 to 2.3 warn of the conversion Triton 3.6's interpreter made (this filter makes the warning an
+# error); NumPy 2.4 raises TypeError for it. Either fails the launch without the fix.
+@pytest.mark.filterwarnings("error:Conversion of an array with ndim > 0:DeprecationWarning")
+def test_loop_bound_loaded_at_run_time():
+    import lamina.kernels  # noqa: F401
+
+    before = tl.core.tensor.__dict__.get("__index__")
+    n = torch.tensor([0, 3, 8, 1], dtype=torch.int32)
+    y = torch.zeros(4 * 8)
+    _runtime_bound_kernel[(4,)](n, y, N=8)
+    expected = torch.zeros(4, 8)
+    for row, count in enumerate(n.tolist()):
+        expected[row, :count] = torch.arange(1, count + 1)
+    assert torch.equal(y.view(4, 8), expected)
+    assert tl.core.tensor.__dict__.get("__index__") is before  # the launch restores what it patched

@@ -13,10 +13,6 @@ from lamina.ops.rms_norm_gated import l2_norm, rms_norm, rms_norm_gated
 from lamina.reference.norm import l2_norm_ref, rms_norm_gated_ref, rms_norm_ref
 from tests.tolerances import assert_close
 
-# The interpreter converts the persistent backward loop's tensor bounds to ints through a numpy path
-# that numpy 1.25+ flags as deprecated; harmless (numpy < 2.4 is pinned for the interpreter).
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
 # 3 x 11 = 33 rows of 48: several row blocks per program of the backward's persistent grid, masked columns.
 SHAPE = (3, 11, 48)
 NAMES = ("dx", "dg", "dweight", "dbias", "dresidual")  # gradients of (x, g, weight, bias, residual)

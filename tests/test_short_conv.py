@@ -13,10 +13,6 @@ from lamina.ops.short_conv import causal_conv1d, causal_conv1d_update
 from lamina.reference.short_conv import causal_conv1d_ref, causal_conv1d_update_ref
 from tests.tolerances import assert_close
 
-# The interpreter converts the persistent backward loop's tensor bounds to ints through a numpy path
-# that numpy 1.25+ flags as deprecated; harmless (numpy < 2.4 is pinned for the interpreter).
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
 # D = 40: not a multiple of the channel tiles (masked columns); T = 20: two interpreter tiles of 16
 # tokens, the second partial, so windows reach across a tile edge.
 B, T, D = 2, 20, 40
