@@ -139,9 +139,8 @@ def _runtime_bound_kernel(n_ptr, y_ptr, N: tl.constexpr):
         tl.store(y_ptr + pid * N + i, i + 1.0)
 
 
-# NumPy 1.25 to 2.3 warn of the conversion Triton 3.6's interpreter made (this filter makes the warning an
-# error); NumPy 2.4 raises TypeError for it. Either fails the launch without the fix.
-@pytest.mark.filterwarnings("error:Conversion of an array with ndim > 0:DeprecationWarning")
+# NumPy 1.25 to 2.3 warn of the conversion Triton 3.6's interpreter made (pyproject.toml's filterwarnings makes
+# the warning an error); NumPy 2.4 raises TypeError for it. Either fails the launch without the fix.
 def test_loop_bound_loaded_at_run_time():
     import lamina.kernels  # noqa: F401
 
