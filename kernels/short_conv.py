@@ -37,21 +37,30 @@ BLOCK_T = 64
 # Under the interpreter: small tiles, so that test sequences of a few dozen tokens span several
 # tiles and every tile edge (window reaching into the previous tile) is exercised.
 INTERPRET_BLOCK_T = 16
-# Channels a program covers and warps: chosen with the static report (registers, no spills on sm_90
-# and sm_80 for W = 4 bf16 and W = 8 fp32), not yet timed on a GPU. The compiler issues all W
-# shifted loads of a tile at once, so registers grow with W: the forward's [64, 64] tile takes
-# 112-128 registers a thread over 8 warps (4 warps: 200-255, spills at W = 8 fp32); the backward
-# loads 2W-3W shifted tiles and takes 143-198 registers on a [64, 32] tile over 4 warps (a
-# [64, 64] tile spilled at 4 warps and took 220-250 registers at 8).
-BLOCK_D = 64
+# The window W is a run-time argument of the kernels that loop over its taps (not specialised), so
+# their loops stay rolled and one compiled kernel serves every W. With W a constexpr the loops were
+# unrolled and the compiler issued all W (backward: 2W-3W) shifted loads of a tile at once, so
+# registers grew with W and spilled at some W under every Triton from 3.6 to 3.9 (static report,
+# sm_90 and sm_80, W = 2..16: the forward at W = 5-8, the backward at W = 3-16; Triton 3.8.0 also
+# at the reported W = 8 fp32).
+# Channels a program covers and warps: chosen with the static report, not yet timed on a GPU. Rolled,
+# the forward's [64, 64] tile over 8 warps took 175-184 registers and [64, 32] takes 80-121 (Triton 3.6
+# to 3.9, sm_90 and sm_80). The backward's [64, 16] over 8 warps takes 92-125 at every
+# next_power_of_2(W) and dtype under Triton 3.6, 3.7 and 3.9; under 3.8, ptxas caps the 16-bit ones
+# with W <= 4 at 80 registers on sm_90, with 4 spill stores. [64, 32] tiles took 164-221 and spilled
+# in fp32 under 3.7 and 3.8 (capped at 128), and [64, 16] over 4 warps spilled under 3.6 and 3.7.
+BLOCK_D = 32
 NUM_WARPS = 8
-BLOCK_D_BWD = 32
-NUM_WARPS_BWD = 4
+BLOCK_D_BWD = 16
+NUM_WARPS_BWD = 8
+# Software pipelining stages of every kernel here (launch and static report alike): their loops'
+# loads feed no matrix product.
+NUM_STAGES = 1
 # The decoding step reads and writes a [D, W] window per sequence: 128 channels (x 4 taps, 512
 # values) over 4 warps.
 STEP_BLOCK_D = 128
 STEP_NUM_WARPS = 4
-# Widest window: the backward unrolls W^2 shifted loads at compile time.
+# Widest window: the backward holds a [BLOCK_D, next_power_of_2(W)] tile of weight gradients.
 MAX_WIDTH = 16
 # Resident warps per SM on sm_80/sm_90 (2048 threads): sizes the persistent backward grid.
 MAX_WARPS_PER_SM = 64
@@ -106,8 +115,7 @@ def _tile_coords(tile, tiles_ptr, cu_ptr, T, D, stride_xb, stride_xt, n_t_tiles,
 
 
 @triton.jit
-def _load_inputs(x_ptr, s_ptr, s_off, rows, cols, cmask, seq_len, stride_xt,
-                 W: tl.constexpr, HAS_STATE: tl.constexpr):
+def _load_inputs(x_ptr, s_ptr, s_off, rows, cols, cmask, seq_len, stride_xt, W, HAS_STATE: tl.constexpr):
     """xx[rows] as fp32 [R, BLOCK_D]: x for 0 <= row < seq_len, state column W + row for -W <= row < 0,
     zero elsewhere. ``x_ptr`` points at the sequence's first token, ``s_ptr + s_off`` at its state."""
     in_x = (rows >= 0) & (rows < seq_len)
@@ -122,11 +130,11 @@ def _load_inputs(x_ptr, s_ptr, s_off, rows, cols, cmask, seq_len, stride_xt,
 
 @triton.jit
 def _preact(x_ptr, s_ptr, s_off, w_ptr, b_ptr, rows, cols, cmask, seq_len, stride_xt,
-            W: tl.constexpr, HAS_STATE: tl.constexpr, HAS_BIAS: tl.constexpr):
+            W, HAS_STATE: tl.constexpr, HAS_BIAS: tl.constexpr):
     """pre[rows] = bias + sum_k weight[:, k] * xx[rows - (W - 1) + k], fp32 [R, BLOCK_D]."""
     acc = _load_inputs(x_ptr, s_ptr, s_off, rows - (W - 1), cols, cmask, seq_len, stride_xt, W, HAS_STATE) \
         * tl.load(w_ptr + cols * W, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    for k in tl.static_range(1, W):
+    for k in range(1, W):
         acc += _load_inputs(x_ptr, s_ptr, s_off, rows - (W - 1) + k, cols, cmask, seq_len, stride_xt, W, HAS_STATE) \
             * tl.load(w_ptr + cols * W + k, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -143,15 +151,14 @@ def _load_rows(ptr, rows, cols, cmask, seq_len, D):
 
 
 @triton.jit
-def _dinputs(dpre0, dpre_ptr, w_ptr, dht_ptr, s_off, rows, cols, cmask, seq_len, D,
-             W: tl.constexpr, HAS_DHT: tl.constexpr):
+def _dinputs(dpre0, dpre_ptr, w_ptr, dht_ptr, s_off, rows, cols, cmask, seq_len, D, W, HAS_DHT: tl.constexpr):
     """d loss / d xx[rows] (rows < 0: state columns W + row), given ``dpre0 = dpre[rows]``.
 
     Output t = row + j reads xx[row] through weight column W - 1 - j; the final state holds xx[row]
     in column row - seq_len + W when that lies in [0, W).
     """
     acc = dpre0 * tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(1, W):
+    for j in range(1, W):
         w_j = tl.load(w_ptr + cols * W + (W - 1 - j), mask=cmask, other=0.0).to(tl.float32)[None, :]
         acc += w_j * _load_rows(dpre_ptr, rows + j, cols, cmask, seq_len, D)
     if HAS_DHT:
@@ -164,11 +171,11 @@ def _dinputs(dpre0, dpre_ptr, w_ptr, dht_ptr, s_off, rows, cols, cmask, seq_len,
 
 # --- kernels ----------------------------------------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=["W"])
 def _causal_conv1d_fwd_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, s_ptr, dy_ptr, y_ptr, tiles_ptr, cu_ptr,
-    T, D, stride_xb, stride_xt, n_t_tiles,
-    W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SILU: tl.constexpr,
+    T, D, stride_xb, stride_xt, n_t_tiles, W,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SILU: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DPRE: tl.constexpr,
 ):
@@ -214,11 +221,11 @@ def _causal_conv1d_final_state_kernel(
              mask=(o_w < W)[:, None] & cmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W"])
 def _causal_conv1d_bwd_kernel(
     x_ptr, w_ptr, s_ptr, dpre_ptr, dht_ptr, dx_ptr, dw_part_ptr, db_part_ptr, tiles_ptr, cu_ptr,
-    T, D, stride_xb, stride_xt, n_t_tiles, n_tiles,
-    W: tl.constexpr, BW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    T, D, stride_xb, stride_xt, n_t_tiles, n_tiles, W,
+    BW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """dx of every tile of this program and its partial sums of dweight and dbias, from ``dpre``
@@ -240,7 +247,7 @@ def _causal_conv1d_bwd_kernel(
         mask = (rows < seq_len)[:, None] & cmask[None, :]
         tl.store(dx_ptr + o_off + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         acc_db += tl.sum(dpre0, axis=0)
-        for k in tl.static_range(W):
+        for k in range(W):
             xk = _load_inputs(x_ptr + x_off, s_ptr, s_off, rows - (W - 1) + k, cols, cmask, seq_len, stride_xt, W,
                               HAS_STATE)
             acc_dw += tl.where((o_w == k)[None, :], tl.sum(dpre0 * xk, axis=0)[:, None], 0.0)
@@ -250,11 +257,11 @@ def _causal_conv1d_bwd_kernel(
         tl.store(db_part_ptr + part, acc_db, mask=cmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W"])
 def _causal_conv1d_bwd_state_kernel(
     dpre_ptr, w_ptr, dht_ptr, ds_ptr, cu_ptr,
-    T, D,
-    W: tl.constexpr, BW: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    T, D, W,
+    BW: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DHT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """dstate[n, :, c] = dxx[c - W]: the gradient of dx, at the W rows before the sequence."""
     i_n = tl.program_id(0).to(tl.int64)
@@ -321,7 +328,7 @@ def _launch_fwd(x, weight, bias, residual, initial_state, dy, out, silu, cu_seql
         T, D, stride_xb, stride_xt, n_t_tiles,
         W=weight.shape[1], BLOCK_T=block_t, BLOCK_D=block_d, SILU=silu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, HAS_STATE=initial_state is not None, IS_VARLEN=cu_seqlens is not None,
-        DPRE=dy is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
+        DPRE=dy is not None, num_warps=num_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion(),
     )
 
 
@@ -356,7 +363,7 @@ def causal_conv1d_fwd(
             _causal_conv1d_final_state_kernel[(N, cdiv(D, block_d))](
                 x, initial_state, final_state, cu_seqlens, T, D, stride_xb, stride_xt,
                 W=W, BW=next_power_of_2(W), BLOCK_D=block_d, HAS_STATE=initial_state is not None,
-                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
+                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion(),
             )
     return y, final_state
 
@@ -409,7 +416,7 @@ def causal_conv1d_bwd(
             T, D, stride_xb, stride_xt, n_t_tiles, n_tiles,
             W=W, BW=next_power_of_2(W), BLOCK_T=block_t, BLOCK_D=block_d, HAS_BIAS=bias is not None,
             HAS_STATE=initial_state is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
-            num_warps=num_warps, enable_fp_fusion=fp_fusion(),
+            num_warps=num_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion(),
         )
     dinitial_state = None
     if initial_state is not None:
@@ -418,7 +425,7 @@ def causal_conv1d_bwd(
             _causal_conv1d_bwd_state_kernel[(N, n_dblocks)](
                 dpre, weight, dht, dinitial_state, cu_seqlens, T, D,
                 W=W, BW=next_power_of_2(W), BLOCK_D=block_d, HAS_DHT=dht is not None,
-                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, enable_fp_fusion=fp_fusion(),
+                IS_VARLEN=cu_seqlens is not None, num_warps=num_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion(),
             )
     # second stage of the reductions: the partial rows summed in a fixed order
     dweight = dw_part.sum(0).to(weight.dtype)
@@ -443,7 +450,8 @@ def causal_conv1d_step(
         _causal_conv1d_step_kernel[(N, cdiv(D, STEP_BLOCK_D))](
             x, cache, weight, bias, residual, y, D, x.stride(0),
             W=W, BW=next_power_of_2(W), BLOCK_D=STEP_BLOCK_D, SILU=silu, HAS_BIAS=bias is not None,
-            HAS_RES=residual is not None, num_warps=STEP_NUM_WARPS, enable_fp_fusion=fp_fusion(),
+            HAS_RES=residual is not None, num_warps=STEP_NUM_WARPS, num_stages=NUM_STAGES,
+            enable_fp_fusion=fp_fusion(),
         )
     return y
 
@@ -451,8 +459,9 @@ def causal_conv1d_step(
 # --- static report: representative configurations on a GPU ----------------------------------------
 
 # (D, W, dtype): a typical DeltaNet/GDN projection width with fla's default window (bf16), and the
-# widest window the tests use, at fp32 (registers grow with W).
-_AOT_CASES = ((2048, 4, torch.bfloat16), (512, 8, torch.float32))
+# widest window at fp32. W is a run-time argument of the forward (one kernel for every W); the backward
+# holds a [BLOCK_D, next_power_of_2(W)] tile of weight gradients, which is widest at MAX_WIDTH.
+_AOT_CASES = ((2048, 4, torch.bfloat16), (512, MAX_WIDTH, torch.float32))
 _TRITON_TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
@@ -467,7 +476,7 @@ def _register(name: str, config: str, fn, signature: dict[str, str], constexprs:
               d: int) -> None:
     register_aot(AotSpec(
         name=name, config=config, fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
-        constexprs=constexprs, num_warps=num_warps, uses_dot=False,
+        constexprs=constexprs, num_warps=num_warps, num_stages=NUM_STAGES, uses_dot=False,
         meta={"attrs": _aligned_attrs(fn, signature), "D": d},
     ))
 
@@ -476,14 +485,14 @@ def _register_default_configs() -> None:
     dims = {"T": "i32", "D": "i32", "stride_xb": "i32", "stride_xt": "i32"}
     for d, w, dtype in _AOT_CASES:
         dt = _TRITON_TYPE[dtype]
-        case = f"D={d} W={w} {dt[1:]} varlen silu state"
+        case = f"D={d} {dt[1:]} varlen silu state"
         # forward, and the same kernel as the backward's first pass (dpre = dy * silu'(pre), fp32)
         for dpre in (False, True):
             _, block_d, num_warps = conv_tiles()
             signature = {"x_ptr": dt, "w_ptr": "*fp32", "b_ptr": "*fp32", "res_ptr": dt, "s_ptr": dt, "dy_ptr": dt,
                          "y_ptr": "*fp32" if dpre else dt, "tiles_ptr": "*i32", "cu_ptr": "*i32", **dims,
-                         "n_t_tiles": "i32"}
-            constexprs = {"W": w, "BLOCK_T": BLOCK_T, "BLOCK_D": block_d, "SILU": True, "HAS_BIAS": True,
+                         "n_t_tiles": "i32", "W": "i32"}
+            constexprs = {"BLOCK_T": BLOCK_T, "BLOCK_D": block_d, "SILU": True, "HAS_BIAS": True,
                           "HAS_RES": not dpre, "HAS_STATE": True, "IS_VARLEN": True, "DPRE": dpre}
             _register("_causal_conv1d_fwd_kernel",
                       f"{case}{' DPRE' if dpre else ''} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps}",
@@ -491,10 +500,10 @@ def _register_default_configs() -> None:
         _, block_d, num_warps = conv_tiles(backward=True)
         signature = {"x_ptr": dt, "w_ptr": "*fp32", "s_ptr": dt, "dpre_ptr": "*fp32", "dht_ptr": dt, "dx_ptr": dt,
                      "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32", "tiles_ptr": "*i32", "cu_ptr": "*i32", **dims,
-                     "n_t_tiles": "i32", "n_tiles": "i32"}
-        constexprs = {"W": w, "BW": next_power_of_2(w), "BLOCK_T": BLOCK_T, "BLOCK_D": block_d, "HAS_BIAS": True,
+                     "n_t_tiles": "i32", "n_tiles": "i32", "W": "i32"}
+        constexprs = {"BW": next_power_of_2(w), "BLOCK_T": BLOCK_T, "BLOCK_D": block_d, "HAS_BIAS": True,
                       "HAS_STATE": True, "HAS_DHT": True, "IS_VARLEN": True}
-        _register("_causal_conv1d_bwd_kernel", f"{case} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps}",
+        _register("_causal_conv1d_bwd_kernel", f"{case} W<={next_power_of_2(w)} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps}",
                   _causal_conv1d_bwd_kernel, signature, constexprs, num_warps, d)
     d, w, dt = 2048, 4, "*bf16"
     constexprs = {"W": w, "BW": next_power_of_2(w), "BLOCK_D": STEP_BLOCK_D, "SILU": True, "HAS_BIAS": True,

@@ -76,6 +76,9 @@ CASES = [
     (2, None, False, False, True, torch.float32),
     (3, "swish", True, False, False, torch.float16),
     (8, "silu", False, True, True, torch.float32),
+    # the kernels take W at run time (one compiled kernel for every window): the narrowest and widest
+    (1, "silu", True, False, True, torch.float32),
+    (16, "silu", True, True, True, torch.float32),
 ]
 
 
