@@ -98,7 +98,8 @@ class AotSpec:
     signature: dict[str, str]
     constexprs: dict[str, Any]
     num_warps: int = 4
-    num_stages: int = 2
+    # None: the installed Triton's default, which is what a launch that names no ``num_stages`` runs
+    num_stages: int | None = None
     uses_dot: bool = True
     default: bool = True
     meta: dict[str, Any] = field(default_factory=dict)

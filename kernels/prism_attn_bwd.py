@@ -451,8 +451,8 @@ def _register_static_report() -> None:
         sig, constexprs = _aot_signature("preprocess", "bf16", head_dim, (0, 0), None)
         register_aot(AotSpec(
             name="prism_attn_bwd_preprocess", config=f"D{head_dim}-M{PREPROCESS_BLOCK_M}", fn=fn,
-            signature=sig, constexprs=constexprs, num_warps=PREPROCESS_WARPS, num_stages=1,
-            uses_dot=False, meta={"attrs": aot_attrs(fn, sig)},
+            signature=sig, constexprs=constexprs, num_warps=PREPROCESS_WARPS, uses_dot=False,
+            meta={"attrs": aot_attrs(fn, sig)},
         ))
         for kernel, tables in (("dkdv", DKDV_TABLES), ("dq", DQ_TABLES)):
             fn = raw_jit(_KERNELS[kernel])

@@ -469,7 +469,7 @@ def _register_static_report() -> None:
             "seqlen_q", "num_heads", "num_splits")})
         sig, constexprs = _signature(fn, types, constexprs)
         register_aot(AotSpec(name="prism_attn_decode_combine", config=f"D{head_dim}-S{MAX_SPLITS}", fn=fn,
-                             signature=sig, constexprs=constexprs, num_warps=4, num_stages=1, uses_dot=False,
+                             signature=sig, constexprs=constexprs, num_warps=4, uses_dot=False,
                              meta={"attrs": aot_attrs(fn, sig)}))
     fn = _prism_kv_append_kernel
     for paged in (False, True):
@@ -480,8 +480,8 @@ def _register_static_report() -> None:
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": head_dim, "BLOCK_T": APPEND_BLOCK_T, "PAGED": paged}
         sig, constexprs = _signature(fn, types, constexprs)
         register_aot(AotSpec(name="prism_kv_append", config=f"D{head_dim}-{'paged' if paged else 'contiguous'}",
-                             fn=fn, signature=sig, constexprs=constexprs, num_warps=4, num_stages=1,
-                             uses_dot=False, meta={"attrs": aot_attrs(fn, sig)}))
+                             fn=fn, signature=sig, constexprs=constexprs, num_warps=4, uses_dot=False,
+                             meta={"attrs": aot_attrs(fn, sig)}))
 
 
 _register_static_report()

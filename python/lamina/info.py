@@ -181,7 +181,8 @@ def compile_spec(spec, arch: int) -> KernelReport:
             compiled = triton.compile(
                 src,
                 target=GPUTarget("cuda", arch, WARP_SIZE),
-                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages, "enable_fp_fusion": fp_fusion()},
+                options={"num_warps": spec.num_warps, "enable_fp_fusion": fp_fusion(),
+                         **({} if spec.num_stages is None else {"num_stages": spec.num_stages})},
             )
         report.shared_bytes = int(compiled.metadata.shared)
         report.wgmma = wgmma_shapes(compiled.asm["ptx"])
