@@ -100,6 +100,8 @@ class AotSpec:
     num_warps: int = 4
     # None: the installed Triton's default, which is what a launch that names no ``num_stages`` runs
     num_stages: int | None = None
+    # None: no register cap beyond ptxas's own; else the launch's ``maxnreg`` (PTX ``.maxnreg``)
+    maxnreg: int | None = None
     uses_dot: bool = True
     default: bool = True
     meta: dict[str, Any] = field(default_factory=dict)

@@ -46,13 +46,19 @@ INTERPRET_BLOCK_T = 16
 # Channels a program covers and warps: chosen with the static report, not yet timed on a GPU. Rolled,
 # the forward's [64, 64] tile over 8 warps took 175-184 registers and [64, 32] takes 80-121 (Triton 3.6
 # to 3.9, sm_90 and sm_80). The backward's [64, 16] over 8 warps takes 92-125 at every
-# next_power_of_2(W) and dtype under Triton 3.6, 3.7 and 3.9; under 3.8, ptxas caps the 16-bit ones
-# with W <= 4 at 80 registers on sm_90, with 4 spill stores. [64, 32] tiles took 164-221 and spilled
-# in fp32 under 3.7 and 3.8 (capped at 128), and [64, 16] over 4 warps spilled under 3.6 and 3.7.
+# next_power_of_2(W) and dtype under Triton 3.6, 3.7 and 3.9; under 3.8 (whose sm_90 ptxas is CUDA
+# 12.9's), ptxas capped the 16-bit ones with W <= 4 at 80 registers on its own, with 4 spill stores.
+# [64, 32] tiles took 164-221 and spilled in fp32 under 3.7 and 3.8 (capped at 128), and [64, 16] over
+# 4 warps spilled under 3.6 and 3.7.
 BLOCK_D = 32
 NUM_WARPS = 8
 BLOCK_D_BWD = 16
 NUM_WARPS_BWD = 8
+# The backward's register budget, given to ptxas (``maxnreg``, PTX ``.maxnreg``) in place of its own
+# choice: with it the [64, 16] tile takes 108-128 registers and spills nowhere under Triton 3.6 to 3.9
+# (sm_90 and sm_80, every next_power_of_2(W) and dtype). 128 x 256 threads leaves 2 programs per SM,
+# as the uncapped 92-125 did.
+BWD_MAX_REGISTERS = 128
 # Software pipelining stages of every kernel here (launch and static report alike): their loops'
 # loads feed no matrix product.
 NUM_STAGES = 1
@@ -416,7 +422,7 @@ def causal_conv1d_bwd(
             T, D, stride_xb, stride_xt, n_t_tiles, n_tiles,
             W=W, BW=next_power_of_2(W), BLOCK_T=block_t, BLOCK_D=block_d, HAS_BIAS=bias is not None,
             HAS_STATE=initial_state is not None, HAS_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
-            num_warps=num_warps, num_stages=NUM_STAGES, enable_fp_fusion=fp_fusion(),
+            num_warps=num_warps, num_stages=NUM_STAGES, maxnreg=BWD_MAX_REGISTERS, enable_fp_fusion=fp_fusion(),
         )
     dinitial_state = None
     if initial_state is not None:
@@ -473,10 +479,10 @@ def _aligned_attrs(fn, signature: dict[str, str]) -> dict:
 
 
 def _register(name: str, config: str, fn, signature: dict[str, str], constexprs: dict, num_warps: int,
-              d: int) -> None:
+              d: int, maxnreg: int | None = None) -> None:
     register_aot(AotSpec(
         name=name, config=config, fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
-        constexprs=constexprs, num_warps=num_warps, num_stages=NUM_STAGES, uses_dot=False,
+        constexprs=constexprs, num_warps=num_warps, num_stages=NUM_STAGES, maxnreg=maxnreg, uses_dot=False,
         meta={"attrs": _aligned_attrs(fn, signature), "D": d},
     ))
 
@@ -503,8 +509,8 @@ def _register_default_configs() -> None:
                      "n_t_tiles": "i32", "n_tiles": "i32", "W": "i32"}
         constexprs = {"BW": next_power_of_2(w), "BLOCK_T": BLOCK_T, "BLOCK_D": block_d, "HAS_BIAS": True,
                       "HAS_STATE": True, "HAS_DHT": True, "IS_VARLEN": True}
-        _register("_causal_conv1d_bwd_kernel", f"{case} W<={next_power_of_2(w)} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps}",
-                  _causal_conv1d_bwd_kernel, signature, constexprs, num_warps, d)
+        _register("_causal_conv1d_bwd_kernel", f"{case} W<={next_power_of_2(w)} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps} maxnreg={BWD_MAX_REGISTERS}",
+                  _causal_conv1d_bwd_kernel, signature, constexprs, num_warps, d, BWD_MAX_REGISTERS)
     d, w, dt = 2048, 4, "*bf16"
     constexprs = {"W": w, "BW": next_power_of_2(w), "BLOCK_D": STEP_BLOCK_D, "SILU": True, "HAS_BIAS": True,
                   "HAS_RES": True}

@@ -179,6 +179,42 @@ def test_triton_backward_is_deterministic():
         assert a is None or torch.equal(a, b), name
 
 
+class _LaunchRecorder:
+    """Stands in for a ``@triton.jit`` kernel: records each launch's keyword arguments, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.interpret
+def test_launches_use_the_static_reports_options(monkeypatch):
+    """The forward and backward run with the tiles, warps, stages and register budget that the static
+    report compiles for them (BLOCK_T aside: the interpreter's is smaller)."""
+    from lamina.kernels import short_conv as sc
+    from lamina.kernels._utils import registered_aot
+
+    names = ("_causal_conv1d_fwd_kernel", "_causal_conv1d_bwd_kernel")
+    recorders = {name: _LaunchRecorder(getattr(sc, name)) for name in names}
+    for name, recorder in recorders.items():
+        monkeypatch.setattr(sc, name, recorder)
+    check(make_inputs((B, T, D), 4, torch.bfloat16), "triton")
+    for name, recorder in recorders.items():
+        specs = [s for s in registered_aot() if s.name == name]
+        assert specs and recorder.launches, name
+        for kwargs in recorder.launches:
+            for spec in specs:
+                assert kwargs["BLOCK_D"] == spec.constexprs["BLOCK_D"], (name, spec.config)
+                assert kwargs["num_warps"] == spec.num_warps, (name, spec.config)
+                assert kwargs["num_stages"] == spec.num_stages, (name, spec.config)
+                assert kwargs.get("maxnreg") == spec.maxnreg, (name, spec.config)
+
+
 @pytest.mark.versions
 @pytest.mark.interpret
 def test_custom_ops_pass_opcheck():

@@ -182,7 +182,8 @@ def compile_spec(spec, arch: int) -> KernelReport:
                 src,
                 target=GPUTarget("cuda", arch, WARP_SIZE),
                 options={"num_warps": spec.num_warps, "enable_fp_fusion": fp_fusion(),
-                         **({} if spec.num_stages is None else {"num_stages": spec.num_stages})},
+                         **({} if spec.num_stages is None else {"num_stages": spec.num_stages}),
+                         **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})},
             )
         report.shared_bytes = int(compiled.metadata.shared)
         report.wgmma = wgmma_shapes(compiled.asm["ptx"])
