@@ -25,7 +25,7 @@ def test_ceilings_on_the_gpu_are_plausible():
 
 def test_suite_runs_every_op_on_the_gpu_with_do_bench():
     cfg = SuiteConfig(device="cuda", ops=["gated_delta_rule", "prism_attention", "hrm_update", "gdn_decode",
-                                          "attention_decode"],
+                                          "attention_decode", "short_conv"],
                       providers=[*HARNESS_PROVIDERS, "lamina-triton", "fla"], shape_set="tiny",
                       timing=QUICK, tiny_ceilings=True)
     records, ceilings = run_suite(cfg)

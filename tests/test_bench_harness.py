@@ -229,3 +229,15 @@ def test_eager_hrm_update_matches_the_reference():
     kw = {"bias": x["bias"], "norm_weight": x["norm_weight"]}
     assert_close("eager hrm", eager.hrm_update_eager(*args, **kw), ref.hrm_gated_update_ref(*args, **kw),
                  kind="elementwise")
+
+
+@pytest.mark.parametrize("W", [1, 4])
+def test_eager_short_conv_matches_the_reference(W):
+    from lamina.reference.short_conv import causal_conv1d_ref
+
+    x = make_inputs("short_conv", specs.conv_shape(2, 9, 6, W, "fp64"), "cpu")
+    bias = torch.linspace(-1, 1, 6, dtype=torch.float64)
+    for b in (None, bias):
+        want = causal_conv1d_ref(x["x"], x["weight"], b, activation="silu")[0]
+        assert_close("eager short conv", eager.short_conv_eager(x["x"], x["weight"], b, "silu"), want,
+                     kind="elementwise")

@@ -149,6 +149,12 @@ def test_case_limits_skip_oversized_token_loops_and_flash_attn_head_dims():
     assert why is not None and "TOKEN_LOOP_MAX_WORK" in why
     small = specs.delta_shape(8, 1024, 8, 64, "bf16")
     assert get_provider("torch-eager").skip_reason("kda", "cuda", small) is None
+    # the short convolution's reference loops over tokens; its eager form does not
+    conv = specs.conv_shape(2, 1024, 512, 4, "fp32")
+    why = get_provider("reference").skip_reason("short_conv", "cpu", conv)
+    assert why is not None and "CONV_TOKEN_LOOP_MAX_TOKENS" in why
+    assert get_provider("torch-eager").skip_reason("short_conv", "cpu", conv) is None
+    assert get_provider("reference").skip_reason("short_conv", "cpu", specs.conv_shape(1, 32, 64, 4, "fp32")) is None
     # flash-attn's head-dim limit: checked on the case, after the install check
     from lamina.bench.providers import _flash_attn_limit
 

@@ -104,6 +104,19 @@ def test_gdn_decode_by_hand():
     assert get_op("gdn_decode").bytes(p, "fwd") == 2 * 4 * 64 + 4 * (4 * 16 + 8)
 
 
+def test_short_conv_by_hand():
+    p = specs.conv_shape(2, 3, 4, 5, "bf16")
+    spec = get_op("short_conv")
+    # 24 outputs x (5 multiply-adds + SiLU 5); backward: recompute (10) + SiLU gradient (9) + dx (10) + dw (10).
+    assert spec.flops(p, "fwd") == 24 * 15
+    assert spec.flops(p, "bwd") == 24 * 39
+    assert spec.flops(p, "fwd+bwd") == 24 * 54
+    # x in and y out (2 x 24) + the 4 x 5 weight; backward x, dy in, dx out (3 x 24), weight and dweight; 2 bytes.
+    assert spec.bytes(p, "fwd") == 2 * (48 + 20)
+    assert spec.bytes(p, "bwd") == 2 * (72 + 40)
+    assert shape_label("short_conv", p) == "2x3x4 W=5 bf16"
+
+
 def test_unknown_names_and_modes_fail_with_a_sentence():
     with pytest.raises(ValueError, match="unknown op 'nope'; known ops: delta_rule"):
         get_op("nope")
@@ -123,6 +136,8 @@ def test_standard_shapes_are_the_issue_shapes():
     assert all((p["B"], p["Tq"], p["causal"]) == (4, 4096, True) for p in shapes_for("prism_attention", "standard"))
     assert [(p["N"], p["D"]) for p in shapes_for("hrm_update", "standard")] == [(8192, 4096)]
     assert [p["B"] for p in shapes_for("gdn_decode", "standard")] == [1, 16, 64]
+    assert [(p["B"], p["T"], p["D"], p["W"]) for p in shapes_for("short_conv", "standard")] == [
+        (8, 2048, 2048, 4), (8, 2048, 4096, 4)]
 
 
 @pytest.mark.parametrize("op", list(OPS))

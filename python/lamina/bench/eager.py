@@ -7,6 +7,7 @@ They are baselines to time against, not oracles (``lamina.reference`` is the ora
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -113,6 +114,23 @@ def hrm_update_eager(h: torch.Tensor, c: torch.Tensor, gate_logits: torch.Tensor
     y32 = y.to(compute)
     y32 = y32 * torch.rsqrt(y32.pow(2).mean(-1, keepdim=True) + eps)
     return (y32 * norm_weight.to(compute)).to(h.dtype)
+
+
+def short_conv_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     activation: str | None = "silu") -> torch.Tensor:
+    """Depthwise causal conv1d as ``nn.Conv1d(D, D, W, groups=D, padding=W - 1)`` computes it, cut to
+    the first T outputs, then SiLU.
+
+    Args:
+        x: [B, T, D]; weight: [D, W]; bias: [D] or None; activation: None or "silu".
+
+    Returns:
+        y: [B, T, D] in ``x.dtype``.
+    """
+    T, W = x.shape[1], weight.shape[1]
+    y = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=W - 1, groups=x.shape[2])[..., :T]
+    y = y.transpose(1, 2)
+    return F.silu(y) if activation == "silu" else y
 
 
 def gdn_decode_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

@@ -3,7 +3,8 @@
 Delta rule: q and k L2-normalised per head (as the models do before the recurrence),
 gates in their natural ranges (log decay ``logsigmoid(x) <= 0``, beta and the GDN-2
 gates in (0, 1)), so every provider runs a stable recurrence. Attention: unit normal
-q, k, v. Layers: unit normal hidden states (the scale an RMS-normalised block input has).
+q, k, v. Short convolution: unit normal x, window weights scaled by ``W ** -0.5``.
+Layers: unit normal hidden states (the scale an RMS-normalised block input has).
 All floating inputs are leaves; ``requires_grad`` is set for backward modes.
 """
 
@@ -44,6 +45,7 @@ def make_inputs(op: str, params: dict[str, Any], device: str | torch.device,
     (``[B, T, HV]`` or ``[B, T, HV, K|V]``), ``cu_seqlens: [N + 1]`` int64 or None.
     Attention: ``q: [B, Tq, H, D]``, ``k, v: [B, Tk, HKV, D]``.
     HRM: ``h, c, gate_logits: [N, D]``, ``bias, norm_weight: [D]``.
+    Short convolution: ``x: [B, T, D]``, ``weight: [D, W]`` (scaled by ``W ** -0.5``), no bias, SiLU.
     GDN decode: ``q, k: [B, 1, H, K]``, ``v: [B, 1, HV, V]``, ``g, beta: [B, 1, HV]``,
     ``state: [B, HV, K, V]`` float32 (never requires grad).
     Layers: ``x: [B, T, hidden_size]`` (the layer's weights belong to the providers).
@@ -90,6 +92,10 @@ def make_inputs(op: str, params: dict[str, Any], device: str | torch.device,
             "beta": _leaf(torch.sigmoid(randn(B, 1, HV)), dtype, rg),
             "state": _leaf(0.1 * randn(B, HV, K, V), torch.float32, False),
         }
+    if op == "short_conv":
+        B, T, D, W = (params[n] for n in ("B", "T", "D", "W"))
+        return {"x": _leaf(randn(B, T, D), dtype, rg), "weight": _leaf(randn(D, W) / W ** 0.5, dtype, rg),
+                "bias": None, "activation": "silu"}
     if op in LAYER_OPS:
         B, T, D = params["B"], params["T"], params["layer"]["hidden_size"]
         return {"x": _leaf(randn(B, T, D), dtype, rg)}

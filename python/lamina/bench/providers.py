@@ -44,6 +44,9 @@ TOKEN_LOOP_MAX_WORK = 2**29
 # Eager attention materialises [B, H, Tq, Tk] float32 scores (plus softmax and its gradient):
 # skipped above 2^31 score elements (8 GiB of scores).
 EAGER_ATTN_MAX_SCORES = 2**31
+# The short convolution's reference is a token loop writing one output row per token: its backward
+# replays every write (21.8 s for 2x1024x512 fp32 on a 2-core CPU). Skipped above this many tokens (B * T).
+CONV_TOKEN_LOOP_MAX_TOKENS = 512
 # FlashAttention 2 supports head dims up to 256, fp16 and bf16 only.
 FLASH_ATTN_MAX_HEAD_DIM = 256
 
@@ -57,14 +60,16 @@ LAMINA_FUNCS: dict[str, tuple[str, str]] = {
     "attention_decode": ("lamina.ops.prism_attention", "prism_attention"),
     "hrm_update": ("lamina.ops.hrm_update", "hrm_gated_update"),
     "gdn_decode": ("lamina.ops.delta_rule", "fused_recurrent_gated_delta_rule"),
+    "short_conv": ("lamina.ops.short_conv", "causal_conv1d"),
 }
-# fla's chunk (and decoding) functions per op.
+# fla's chunk (and decoding, and short convolution) functions per op.
 FLA_FUNCS: dict[str, tuple[str, str]] = {
     "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "kda": ("fla.ops.kda", "chunk_kda"),
     "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
     "gdn_decode": ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),
+    "short_conv": ("fla.modules.causal_conv1d", "causal_conv1d"),
 }
 # fla's plain PyTorch forms of the delta family (fla.ops.*.naive), chunked and token by token: the CPU
 # baselines of lamina's PyTorch path. (module, function) per form and op.
@@ -87,6 +92,7 @@ REFERENCE_FUNCS: dict[str, str] = {
     "prism_attention": "attention_ref",
     "attention_decode": "attention_ref",
     "hrm_update": "hrm_gated_update_ref",
+    "short_conv": "causal_conv1d_ref",
 }
 
 
@@ -133,6 +139,8 @@ def _call_api(fn: Callable, op: str, x: dict[str, Any], **extra: Any) -> Runner:
         # beta by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...)
         return lambda: fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["state"],
                           output_final_state=True, **extra)
+    if op == "short_conv":
+        return lambda: fn(x["x"], x["weight"], x["bias"], activation=x["activation"], **extra)
     raise ProviderSkip(f"no calling convention for op {op!r}")
 
 
@@ -207,7 +215,8 @@ def _eager_fn(op: str) -> Callable:
         return eager.delta_family_eager
     if op in ATTENTION_OPS:
         return eager.attention_eager
-    return {"hrm_update": eager.hrm_update_eager, "gdn_decode": eager.gdn_decode_eager}[op]
+    return {"hrm_update": eager.hrm_update_eager, "gdn_decode": eager.gdn_decode_eager,
+            "short_conv": eager.short_conv_eager}[op]
 
 
 def _eager_call(fn: Callable, op: str, x: dict[str, Any]) -> Runner:
@@ -332,6 +341,13 @@ def _token_loop_limit(op: str, p: dict[str, Any], device: str) -> str | None:
     return None
 
 
+def _reference_limit(op: str, p: dict[str, Any], device: str) -> str | None:
+    if op == "short_conv" and p["B"] * p["T"] > CONV_TOKEN_LOOP_MAX_TOKENS:
+        return (f"token loop: B*T = {p['B'] * p['T']} tokens exceeds the limit {CONV_TOKEN_LOOP_MAX_TOKENS} "
+                f"(CONV_TOKEN_LOOP_MAX_TOKENS)")
+    return _token_loop_limit(op, p, device)
+
+
 def _fla_naive_limit(form: str) -> Callable[[str, dict[str, Any], str], str | None]:
     def limit(op: str, p: dict[str, Any], device: str) -> str | None:
         if p["seqlens"] is not None:
@@ -394,23 +410,27 @@ KERNEL_OPS = tuple(op for op in OPS if op not in LAYER_OPS)
 LAMINA_OPS = KERNEL_OPS + LAYER_OPS
 _ATTN = ATTENTION_OPS
 _FLA_OPS = tuple(FLA_FUNCS) + LAYER_OPS
-_COMPILED_OPS = ("prism_attention", "attention_decode", "hrm_update", "gdn_decode")
+_COMPILED_OPS = ("prism_attention", "attention_decode", "hrm_update", "gdn_decode", "short_conv")
+# lamina's CUDA C++ kernels: the short convolution has none (its backend="cuda" is fla's name for a GPU
+# path, which lamina serves with its Triton kernels).
+_CUDA_OPS = tuple(op for op in KERNEL_OPS if op != "short_conv")
 _NO_LAYER_BASELINE = "a kernel-op baseline; the layer ops compare lamina.layers with fla.layers"
 _BOTH = ("cpu", "cuda")
 
 PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("lamina-triton", "lamina's Triton kernels (backend='triton'; layers: lamina.layers on CUDA)",
              LAMINA_OPS, ("cuda",), _lamina_builder("triton"), _lamina_available("triton")),
-    Provider("lamina-cuda", "lamina's CUDA C++ kernels (backend='cuda')", KERNEL_OPS, ("cuda",),
-             _lamina_builder("cuda"), _lamina_cuda_check, ops_note="layers run lamina's default dispatch "
-             "(lamina-triton on CUDA)"),
+    Provider("lamina-cuda", "lamina's CUDA C++ kernels (backend='cuda')", _CUDA_OPS, ("cuda",),
+             _lamina_builder("cuda"), _lamina_cuda_check, ops_note="no CUDA C++ kernel for this op; layers run "
+             "lamina's default dispatch (lamina-triton on CUDA)"),
     Provider("lamina-torch", "lamina's PyTorch path, the CPU default (backend='torch'; layers: lamina.layers "
              "on the CPU)", LAMINA_OPS, _BOTH, _lamina_builder("torch"), _lamina_available("torch")),
     Provider("lamina-cpu-ext", "lamina's C++ CPU kernels in lamina._C (backend='cpu-ext')",
              ("hrm_update",), ("cpu",), _lamina_builder("cpu-ext"), _lamina_cpu_ext_check,
              ops_note="of the suite's ops only hrm_update has a C++ CPU kernel (the delta-rule decode step's "
                       "is timed by `lamina bench --op decode`)"),
-    Provider("fla", "flash-linear-attention's Triton chunk kernels (fla.ops.*) and layers (fla.layers.*)",
+    Provider("fla", "flash-linear-attention's Triton kernels (fla.ops.*, fla.modules.causal_conv1d) and layers "
+             "(fla.layers.*)",
              _FLA_OPS, ("cuda",), _fla_build, _fla_check, ops_note="fla has no kernel for this op in the suite",
              device_note="fla's Triton kernels need a GPU (lamina.patch_fla() would run fla's layers on "
                          "lamina's kernels: not a comparison)"),
@@ -439,7 +459,7 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
                       "torch.compile would unroll) nor for the layer ops"),
     Provider("reference", "lamina.reference (token loop for the delta family)", KERNEL_OPS, _BOTH,
              _reference_build, _needs_module("lamina.reference", "lamina is not installed correctly"),
-             _token_loop_limit, ops_note=_NO_LAYER_BASELINE),
+             _reference_limit, ops_note=_NO_LAYER_BASELINE),
 )}
 
 

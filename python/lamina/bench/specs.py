@@ -47,6 +47,10 @@ HRM_FLOPS_GATE = 8
 HRM_FLOPS_NORM = 4
 # A decoding step per value head: decay (KV), read S^T e (2KV), rank-1 write (2KV), output (2KV).
 DECODE_FLOPS_PER_STATE_ELEM = 7
+# SiLU per element: sigmoid (4) and the product (1); its gradient dy * s * (1 + pre * (1 - s))
+# recomputes the sigmoid (4) and adds 5.
+CONV_FLOPS_SILU = 5
+CONV_FLOPS_SILU_GRAD = 9
 
 DELTA_OPS = ("delta_rule", "gated_delta_rule", "kda", "gdn2")
 ATTENTION_OPS = ("prism_attention", "attention_decode")
@@ -204,6 +208,30 @@ def gdn_decode_bytes(op: str, p: dict[str, Any], mode: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# Short convolution: depthwise causal conv1d with SiLU, no bias (as fla's layers build it).
+# Params: B, T, D, W, dtype.
+# ----------------------------------------------------------------------------------------------
+
+
+def conv_flops(op: str, p: dict[str, Any], mode: str) -> float:
+    """Forward: W multiply-adds and the SiLU per output element. Backward: the kernels recompute the
+    pre-activation (W multiply-adds), apply the SiLU gradient, and take W multiply-adds each for dx
+    and for dweight."""
+    n = p["B"] * p["T"] * p["D"]
+    fwd = n * (2 * p["W"] + CONV_FLOPS_SILU)
+    bwd = n * (2 * p["W"] + CONV_FLOPS_SILU_GRAD + 4 * p["W"])
+    return _mode_total(mode, fwd, bwd)
+
+
+def conv_bytes(op: str, p: dict[str, Any], mode: str) -> float:
+    """Forward reads x and the [D, W] weight and writes y; backward reads x, dy and the weight and
+    writes dx and dweight (the weight in the benchmark dtype, as in a model cast as a whole)."""
+    n = p["B"] * p["T"] * p["D"]
+    weight = p["D"] * p["W"]
+    return _es(p) * _mode_total(mode, 2 * n + weight, 3 * n + 2 * weight)
+
+
+# ----------------------------------------------------------------------------------------------
 # fla-compatible layers. Params: B, T, dtype, layer (the constructor arguments).
 # ----------------------------------------------------------------------------------------------
 
@@ -281,6 +309,10 @@ def decode_shape(B: int, H: int, D: int, dtype: str) -> dict[str, Any]:
     return {"B": B, "H": H, "HV": H, "K": D, "V": D, "dtype": dtype}
 
 
+def conv_shape(B: int, T: int, D: int, W: int, dtype: str) -> dict[str, Any]:
+    return {"B": B, "T": T, "D": D, "W": W, "dtype": dtype}
+
+
 def layer_shape(B: int, T: int, dtype: str, **layer: Any) -> dict[str, Any]:
     """A layer case: batch, length, dtype and the layer's constructor arguments."""
     return {"B": B, "T": T, "dtype": dtype, "layer": dict(layer)}
@@ -334,6 +366,10 @@ def sweep_attention_heads(D: int) -> int:
     """Heads at head dim ``D`` in the sweep: ``H * D`` stays ``SWEEP_ATTN_WIDTH`` (rounded)."""
     return max(1, round(SWEEP_ATTN_WIDTH / D))
 
+
+# The short convolution on the GPU: the layers' key width (16 heads of 128) and value width, B x T = 8 x 2048,
+# fla's window (conv_size 4).
+CONV_SHAPES = ((8, 2048, 2048, 4), (8, 2048, 4096, 4))
 
 # KV-cache length of the attention decoding step.
 DECODE_CACHE_LEN = 4096
@@ -421,6 +457,17 @@ OPS["attention_decode"] = OpSpec(
     },
 )
 
+OPS["short_conv"] = OpSpec(
+    "short_conv", "depthwise causal conv1d with SiLU, the layers' short convolution (lamina.causal_conv1d)",
+    conv_flops, conv_bytes,
+    shapes={
+        "standard": [conv_shape(B, T, D, W, "bf16") for B, T, D, W in CONV_SHAPES],
+        "small": [conv_shape(2, 1024, 512, 4, "fp32")],
+        "quick": [conv_shape(1, 1024, 256, 4, "fp32")],
+        "tiny": [conv_shape(1, 32, 64, 4, "fp32")],
+    },
+)
+
 for _op in LAYER_OPS:
     OPS[_op] = OpSpec(_op, f"{LAYER_CLASSES[_op]} layer (lamina.layers vs fla.layers, same weights)",
                       layer_flops, layer_bytes, modes=LAYER_MODES, shapes=_layer_sets(_op))
@@ -434,8 +481,8 @@ SWEEP_OPS = ("prism_attention", "hrm_update", *DELTA_OPS)
 # the remaining ops) what they leave unused flows to the expensive ones. The kernel ops only: the layer
 # ops (`--op layers`) compile two whole layers per op and answer another question (lamina's layer
 # against fla's), so they run when asked for.
-RUN_ORDER = ("hrm_update", "gdn_decode", "attention_decode", "gated_delta_rule", "kda", "gdn2", "delta_rule",
-             "prism_attention")
+RUN_ORDER = ("hrm_update", "short_conv", "gdn_decode", "attention_decode", "gated_delta_rule", "kda", "gdn2",
+             "delta_rule", "prism_attention")
 # What `lamina bench --quick` runs (op, mode) on each device; shapes from the "quick" set on CPU.
 QUICK_OPS: dict[str, tuple[tuple[str, str], ...]] = {
     "cpu": (("delta_rule", "fwd"), ("gated_delta_rule", "fwd"), ("prism_attention", "fwd"), ("hrm_update", "fwd")),
@@ -476,6 +523,8 @@ def shape_label(op: str, p: dict[str, Any]) -> str:
         return f"{p['B']}x{t}x{heads}x{p['D']}{' causal' if p['causal'] else ''} {p['dtype']}"
     if op == "hrm_update":
         return f"{p['N']}x{p['D']}{' +norm' if p['norm'] else ''} {p['dtype']}"
+    if op == "short_conv":
+        return f"{p['B']}x{p['T']}x{p['D']} W={p['W']} {p['dtype']}"
     if op in LAYER_OPS:
         d = layer_dims(op, p["layer"])
         heads = f"{d.H}" if d.HV == d.H else f"{d.H}/{d.HV}"

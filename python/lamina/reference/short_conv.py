@@ -51,13 +51,14 @@ def causal_conv1d_ref(
     """
     D, W = weight.shape
     w = weight.double()
-    y = torch.zeros(x.shape, dtype=torch.float64)
+    f64 = {"dtype": torch.float64, "device": x.device}
+    y = torch.zeros(x.shape, **f64)
     finals = []
     for n, (b, bos, eos) in enumerate(_spans(x, cu_seqlens)):
-        prev = initial_state[n].double() if initial_state is not None else torch.zeros(D, W, dtype=torch.float64)
+        prev = initial_state[n].double() if initial_state is not None else torch.zeros(D, W, **f64)
         xx = torch.cat([prev.T, x[b, bos:eos].double()], dim=0)  # [W + L, D]
         for t in range(eos - bos):
-            acc = bias.double() if bias is not None else torch.zeros(D, dtype=torch.float64)
+            acc = bias.double() if bias is not None else torch.zeros(D, **f64)
             for k in range(W):
                 acc = acc + w[:, k] * xx[W + t - (W - 1) + k]
             if activation in ("silu", "swish"):
