@@ -511,6 +511,17 @@ def _register_default_configs() -> None:
                       "HAS_STATE": True, "HAS_DHT": True, "IS_VARLEN": True}
         _register("_causal_conv1d_bwd_kernel", f"{case} W<={next_power_of_2(w)} BLOCK_T={BLOCK_T} BLOCK_D={block_d} warps={num_warps} maxnreg={BWD_MAX_REGISTERS}",
                   _causal_conv1d_bwd_kernel, signature, constexprs, num_warps, d, BWD_MAX_REGISTERS)
+        # the initial state's gradient (backward tiles) and the final state (forward tiles)
+        signature = {"dpre_ptr": "*fp32", "w_ptr": "*fp32", "dht_ptr": dt, "ds_ptr": dt, "cu_ptr": "*i32",
+                     "T": "i32", "D": "i32", "W": "i32"}
+        constexprs = {"BW": next_power_of_2(w), "BLOCK_D": block_d, "HAS_DHT": True, "IS_VARLEN": True}
+        _register("_causal_conv1d_bwd_state_kernel", f"{case} W<={next_power_of_2(w)} BLOCK_D={block_d} warps={num_warps}",
+                  _causal_conv1d_bwd_state_kernel, signature, constexprs, num_warps, d)
+        _, block_d, num_warps = conv_tiles()
+        signature = {"x_ptr": dt, "s_ptr": dt, "f_ptr": dt, "cu_ptr": "*i32", **dims}
+        constexprs = {"W": w, "BW": next_power_of_2(w), "BLOCK_D": block_d, "HAS_STATE": True, "IS_VARLEN": True}
+        _register("_causal_conv1d_final_state_kernel", f"{case} W={w} BLOCK_D={block_d} warps={num_warps}",
+                  _causal_conv1d_final_state_kernel, signature, constexprs, num_warps, d)
     d, w, dt = 2048, 4, "*bf16"
     constexprs = {"W": w, "BW": next_power_of_2(w), "BLOCK_D": STEP_BLOCK_D, "SILU": True, "HAS_BIAS": True,
                   "HAS_RES": True}

@@ -194,12 +194,13 @@ class _LaunchRecorder:
 
 @pytest.mark.interpret
 def test_launches_use_the_static_reports_options(monkeypatch):
-    """The forward and backward run with the tiles, warps, stages and register budget that the static
-    report compiles for them (BLOCK_T aside: the interpreter's is smaller)."""
+    """The forward, backward and state kernels run with the tiles, warps, stages and register budget that
+    the static report compiles for them (BLOCK_T aside: the interpreter's is smaller)."""
     from lamina.kernels import short_conv as sc
     from lamina.kernels._utils import registered_aot
 
-    names = ("_causal_conv1d_fwd_kernel", "_causal_conv1d_bwd_kernel")
+    names = ("_causal_conv1d_fwd_kernel", "_causal_conv1d_bwd_kernel", "_causal_conv1d_bwd_state_kernel",
+             "_causal_conv1d_final_state_kernel")
     recorders = {name: _LaunchRecorder(getattr(sc, name)) for name in names}
     for name, recorder in recorders.items():
         monkeypatch.setattr(sc, name, recorder)
